@@ -1,0 +1,161 @@
+/* Storage-dtype conversion between float32 and the 16-bit KV formats.
+ *
+ * Scalar versions are exact IEEE round-to-nearest-even and are the reference;
+ * the F16C/AVX2 bulk versions are compiled with target attributes and picked
+ * at run time, so a portable wheel still runs on any x86-64 (and elsewhere).
+ * Both give bit-identical results (F16C rounds to nearest even too).
+ */
+#ifndef PAGEDCY_CONVERT_H
+#define PAGEDCY_CONVERT_H
+
+#include <stdint.h>
+#include <string.h>
+#include <stddef.h>
+
+#define PAGEDCY_F32 0
+#define PAGEDCY_F16 1
+#define PAGEDCY_BF16 2
+
+#if defined(__x86_64__) || defined(__i386__)
+#define PAGEDCY_X86 1
+#include <immintrin.h>
+#else
+#define PAGEDCY_X86 0
+#endif
+
+static inline uint32_t pagedcy_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float pagedcy_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static inline uint16_t pagedcy_f32_to_f16(float f) {
+    uint32_t x = pagedcy_f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) {                       /* inf or nan */
+        return (uint16_t)(sign | 0x7c00u | (absx > 0x7f800000u ? (0x200u | ((absx >> 13) & 0x3ffu)) : 0u));
+    }
+    if (absx >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   /* overflow -> inf */
+    if (absx < 0x38800000u) {                        /* subnormal or zero in f16 */
+        if (absx < 0x33000000u) return (uint16_t)sign;            /* < 2^-25 rounds to 0 */
+        uint32_t e = absx >> 23;
+        uint32_t m = (absx & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126u - e;                   /* 14 .. 24 */
+        uint32_t half = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1u);
+        uint32_t mid = 1u << (shift - 1u);
+        if (rem > mid || (rem == mid && (half & 1u))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t r = absx - 0x38000000u;                 /* rebias exponent 127 -> 15 */
+    uint32_t h = r >> 13;
+    uint32_t rem = r & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static inline float pagedcy_f16_to_f32(uint16_t h) {
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu;
+    uint32_t m = h & 0x3ffu;
+    uint32_t out;
+    if (e == 0) {
+        if (m == 0) out = sign;
+        else {                                        /* subnormal: normalise */
+            int k = -1;
+            do { k++; m <<= 1; } while (!(m & 0x400u));
+            out = sign | ((uint32_t)(127 - 15 - k) << 23) | ((m & 0x3ffu) << 13);
+        }
+    } else if (e == 31) {
+        out = sign | 0x7f800000u | (m << 13);
+    } else {
+        out = sign | ((e + 112u) << 23) | (m << 13);
+    }
+    return pagedcy_bits_f32(out);
+}
+
+static inline uint16_t pagedcy_f32_to_bf16(float f) {
+    uint32_t x = pagedcy_f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);  /* quiet nan */
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+static inline float pagedcy_bf16_to_f32(uint16_t b) {
+    return pagedcy_bits_f32((uint32_t)b << 16);
+}
+
+/* ---- run-time dispatch ------------------------------------------------- */
+static inline int pagedcy_cpu_has_avx2_fma(void) {
+#if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                 __builtin_cpu_supports("f16c");
+    }
+    return cached;
+#else
+    return 0;
+#endif
+}
+
+/* PAGEDCY_FORCE_SCALAR=1 in the environment disables the SIMD paths (tests use
+ * it to check both give the same bits). Read once per process. */
+#include <stdlib.h>
+static inline int pagedcy_use_simd(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        const char *s = getenv("PAGEDCY_FORCE_SCALAR");
+        int force = s && s[0] && s[0] != '0';
+        cached = !force && pagedcy_cpu_has_avx2_fma();
+    }
+    return cached;
+}
+
+#if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2,fma,f16c")))
+static void pagedcy_f32_to_f16_avx2(const float *src, uint16_t *dst, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128((__m128i *)(dst + i), h);
+    }
+    for (; i < n; i++) dst[i] = pagedcy_f32_to_f16(src[i]);
+}
+__attribute__((target("avx2,fma,f16c")))
+static void pagedcy_f16_to_f32_avx2(const uint16_t *src, float *dst, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = pagedcy_f16_to_f32(src[i]);
+}
+#endif
+
+/* Convert n float32 values into storage dtype `dtype` (bytes at dst). */
+static inline void pagedcy_store_from_f32(int dtype, void *dst, const float *src, size_t n) {
+    if (dtype == PAGEDCY_F32) { memcpy(dst, src, n * 4); return; }
+    uint16_t *d = (uint16_t *)dst;
+    if (dtype == PAGEDCY_F16) {
+#if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+        if (pagedcy_use_simd()) { pagedcy_f32_to_f16_avx2(src, d, n); return; }
+#endif
+        for (size_t i = 0; i < n; i++) d[i] = pagedcy_f32_to_f16(src[i]);
+    } else {
+        for (size_t i = 0; i < n; i++) d[i] = pagedcy_f32_to_bf16(src[i]);
+    }
+}
+
+/* Convert n storage-dtype values to float32. */
+static inline void pagedcy_load_to_f32(int dtype, float *dst, const void *src, size_t n) {
+    if (dtype == PAGEDCY_F32) { memcpy(dst, src, n * 4); return; }
+    const uint16_t *s = (const uint16_t *)src;
+    if (dtype == PAGEDCY_F16) {
+#if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+        if (pagedcy_use_simd()) { pagedcy_f16_to_f32_avx2(s, dst, n); return; }
+#endif
+        for (size_t i = 0; i < n; i++) dst[i] = pagedcy_f16_to_f32(s[i]);
+    } else {
+        for (size_t i = 0; i < n; i++) dst[i] = pagedcy_bf16_to_f32(s[i]);
+    }
+}
+
+#endif
