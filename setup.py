@@ -91,7 +91,7 @@ class BuildExt(build_ext):
                        "-fno-sanitize-recover=undefined", "-O1", "-g"]
             lflags += ["-fsanitize=address,undefined"]
         cflags = [f for f in cflags if not (self.compiler.compiler_type == "msvc")]
-        build_flags = " ".join(cflags + lflags)
+        build_flags = " ".join(dict.fromkeys(cflags + lflags))
         # show_config() reports exactly what this build used.
         for ext in self.extensions:
             ext.extra_compile_args = cflags + list(ext.extra_compile_args or [])

@@ -1,0 +1,35 @@
+"""pagedcy: a paged KV cache and fast paged attention for CPU LLM inference.
+
+Cython extension types over one page layout::
+
+    pages[max_pages, num_layers, 2 (K, V), page_size, num_kv_heads, head_dim]
+
+- :class:`PagedKVCacheConfig`, :class:`EvictionPolicy`: cache geometry and policy.
+- :class:`PagePool`: the page buffer with a LIFO free list and reference counts.
+- :class:`PageTable`: one sequence's logical → physical page map.
+- :class:`PagedKVCache`: a single-sequence cache (optionally a sliding window).
+- :func:`batch_paged_attention`, :func:`merge_states`: attention read through block tables.
+- :class:`PagedKVCacheManager`, :func:`paged_attention`, :class:`PagedAttentionExecutor`:
+  many sequences with prefix caching, copy-on-write fork and swap.
+"""
+from pagedcy._version import __version__
+from pagedcy.config import EvictionPolicy, PagedKVCacheConfig
+from pagedcy.errors import PoolExhaustedError
+from pagedcy._pool import PagePool
+from pagedcy._table import PageTable
+from pagedcy._store import KVPageStore
+from pagedcy._cache import PagedKVCache
+from pagedcy._threads import openmp_enabled, resolve_num_threads
+from pagedcy._info import show_config
+
+__all__ = [
+    "__version__", "EvictionPolicy", "PagedKVCacheConfig", "PoolExhaustedError",
+    "PagePool", "PageTable", "KVPageStore", "PagedKVCache",
+    "openmp_enabled", "resolve_num_threads", "show_config",
+]
+
+try:  # the attention kernel and the manager build on the core
+    from pagedcy._attention import batch_paged_attention, merge_states  # noqa: F401
+    __all__ += ["batch_paged_attention", "merge_states"]
+except ImportError:  # pragma: no cover - present in every complete build
+    pass

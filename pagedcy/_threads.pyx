@@ -46,3 +46,15 @@ cpdef int resolve_num_threads(object num_threads=None) except -1:
     if not PAGEDCY_OPENMP:
         return 1
     return min(num_threads, 1024)
+
+
+cdef extern from "pagedcy_convert.h" nogil:
+    int pagedcy_use_simd()
+    int pagedcy_cpu_has_avx2_fma()
+
+
+def simd_path():
+    """'avx2+fma+f16c' when the run-time-dispatched SIMD kernels are active, else 'scalar'."""
+    if pagedcy_use_simd():
+        return "avx2+fma+f16c"
+    return "scalar (PAGEDCY_FORCE_SCALAR set)" if pagedcy_cpu_has_avx2_fma() else "scalar"

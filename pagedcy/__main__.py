@@ -1,0 +1,38 @@
+"""Command line: ``python -m pagedcy {info,demo,bench}``."""
+import argparse
+import sys
+
+
+def _info(args):
+    from pagedcy import show_config
+    show_config()
+    return 0
+
+
+def _demo(args):
+    from pagedcy.demo import main
+    return main(args)
+
+
+def _bench(args):
+    from pagedcy.bench import main
+    return main(args.rest)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m pagedcy", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="print the build configuration (show_config)")
+    demo = sub.add_parser("demo", help="run a short paged-cache workload and print a summary")
+    demo.add_argument("--requests", type=int, default=300, help="number of requests")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--quick", action="store_true", help="a smaller run (for CI)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench = sub.add_parser("bench", help="run the headline attention benchmarks", add_help=False)
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    return {"info": _info, "demo": _demo, "bench": _bench}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""KVPageStore: the page pool plus the KV page layout; every K/V byte moves through here.
+
+Page layout (one page, all layers): ``[num_layers, 2 (K, V), page_size, num_kv_heads, head_dim]``
+so the pool as an array is ``[max_pages, num_layers, 2, page_size, num_kv_heads, head_dim]``.
+A layer's K (or V) rows of one page are contiguous, which makes appends one memcpy per run
+and lets the attention kernel stream whole page blocks.
+"""
+import numpy as np
+cimport numpy as cnp
+from libc.stdint cimport int32_t
+from libc.string cimport memcpy
+
+from pagedcy._pool cimport PagePool
+from pagedcy import _validate
+from pagedcy.config import PagedKVCacheConfig
+
+cnp.import_array()
+
+NOGIL_BYTES = 1 << 16
+
+_WHICH = {0: 0, 1: 1, "k": 0, "v": 1, "K": 0, "V": 1}
+
+
+cdef class KVPageStore:
+    """K/V page storage for a :class:`PagedKVCacheConfig` (owns one :class:`PagePool`).
+
+    KVPageStore(config, buffer=None)
+
+    ``buffer`` (optional) backs the pool, e.g. with a ``numpy.memmap`` to spill to disk.
+    Row methods take a block table (int32 physical page ids in logical order) and
+    token positions relative to it.
+    """
+
+    def __init__(self, config, buffer=None):
+        if not isinstance(config, PagedKVCacheConfig):
+            raise TypeError(f"config must be a PagedKVCacheConfig, got {type(config).__name__}")
+        self.config = config
+        self.pool = PagePool(config.max_pages, config.floats_per_page(), config.dtype, buffer)
+        self.num_layers = config.num_layers
+        self.page_size = config.page_size
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.kv_dim = config.kv_dim()
+        self.code = self.pool.dtype_code
+        self.row_bytes = self.kv_dim * self.pool.itemsize
+        self.half_bytes = self.page_size * self.row_bytes
+        self.layer_bytes = 2 * self.half_bytes
+
+    # -- nogil core ---------------------------------------------------------
+    cdef void c_write(self, const int32_t *table, Py_ssize_t layer, Py_ssize_t start,
+                      Py_ssize_t n, const float *k, const float *v) noexcept nogil:
+        """Write n float32 token rows (contiguous, kv_dim each) at positions start.. ."""
+        cdef Py_ssize_t i = 0, pos = start, off, run, page
+        while i < n:
+            off = pos % self.page_size
+            run = self.page_size - off
+            if run > n - i:
+                run = n - i
+            page = table[pos // self.page_size]
+            pagedcy_store_from_f32(self.code, self.row_ptr(page, layer, 0, off),
+                                   k + i * self.kv_dim, run * self.kv_dim)
+            pagedcy_store_from_f32(self.code, self.row_ptr(page, layer, 1, off),
+                                   v + i * self.kv_dim, run * self.kv_dim)
+            i += run
+            pos += run
+
+    cdef void c_read(self, const int32_t *table, Py_ssize_t layer, int which, Py_ssize_t start,
+                     Py_ssize_t n, char *dst, bint to_f32) noexcept nogil:
+        """Copy n token rows of K (which=0) or V (1) into dst, converting to float32 if asked."""
+        cdef Py_ssize_t i = 0, pos = start, off, run, page
+        cdef Py_ssize_t out_row = self.kv_dim * 4 if to_f32 else self.row_bytes
+        while i < n:
+            off = pos % self.page_size
+            run = self.page_size - off
+            if run > n - i:
+                run = n - i
+            page = table[pos // self.page_size]
+            if to_f32:
+                pagedcy_load_to_f32(self.code, <float *>(dst + i * out_row),
+                                    self.row_ptr(page, layer, which, off), run * self.kv_dim)
+            else:
+                memcpy(dst + i * out_row, self.row_ptr(page, layer, which, off),
+                       run * self.row_bytes)
+            i += run
+            pos += run
+
+    cdef int check_table(self, const int32_t *table, Py_ssize_t npages) except -1:
+        cdef Py_ssize_t j
+        for j in range(npages):
+            if table[j] < 0 or table[j] >= self.pool.max_pages:
+                raise IndexError(f"block table entry {j} = {table[j]} is not a page of the pool "
+                                 f"[0, {self.pool.max_pages})")
+        return 0
+
+    cdef object rows(self, object x, str name, Py_ssize_t n_rows):
+        """Float32 C-contiguous [n, kv_dim] rows; a zero-cost pass-through for the common case."""
+        cdef cnp.ndarray a
+        if type(x) is np.ndarray:
+            a = <cnp.ndarray>x
+            if (cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT32 and cnp.PyArray_IS_C_CONTIGUOUS(a)
+                    and cnp.PyArray_SIZE(a) == n_rows * self.kv_dim and n_rows >= 0
+                    and ((a.ndim == 1 and n_rows == 1)
+                         or (a.ndim == 2 and a.shape[0] == n_rows and a.shape[1] == self.kv_dim))):
+                return a
+        return _validate.as_f32_rows(x, name, self.num_kv_heads, self.head_dim,
+                                     n_rows if n_rows >= 0 else None)
+
+    # -- Python API ---------------------------------------------------------
+    def pages(self):
+        """All pages as a writable zero-copy array
+        ``[max_pages, num_layers, 2, page_size, num_kv_heads, head_dim]`` of the storage dtype."""
+        return self.pool.as_array((self.pool.max_pages, self.num_layers, 2, self.page_size,
+                                   self.num_kv_heads, self.head_dim))
+
+    def _table(self, block_table, Py_ssize_t npages):
+        bt = np.asarray(block_table)
+        if bt.ndim != 1 or bt.dtype.kind not in "iu":
+            raise TypeError("block_table must be a 1-D integer array")
+        if bt.shape[0] < npages:
+            raise ValueError(f"block table has {bt.shape[0]} pages, {npages} are needed")
+        bt = np.ascontiguousarray(bt[:npages], dtype=np.int32) if bt.dtype != np.int32 or \
+            not bt.flags.c_contiguous else bt
+        if npages:
+            self.check_table(<const int32_t *>cnp.PyArray_DATA(bt), npages)
+        return bt
+
+    def write(self, block_table, layer, start, keys, values):
+        """Write token rows ``keys``/``values`` (``[n, kv_dim]`` or ``[n, num_kv_heads, head_dim]``,
+        float) of ``layer`` at positions ``start .. start+n`` of the sequence mapped by
+        ``block_table`` (int32 page ids). Errors: IndexError (layer, page ids), ValueError
+        (shapes, positions past the table), TypeError (dtypes)."""
+        cdef Py_ssize_t L = _validate.check_index(layer, self.num_layers, "layer")
+        cdef Py_ssize_t s = _validate.check_count(start, "start")
+        k = self.rows(keys, "keys", -1)
+        v = self.rows(values, "values", k.shape[0])
+        cdef Py_ssize_t n = k.shape[0]
+        if n == 0:
+            return
+        bt = self._table(block_table, (s + n + self.page_size - 1) // self.page_size)
+        cdef const int32_t *t = <const int32_t *>cnp.PyArray_DATA(bt)
+        cdef const float *kp = <const float *>cnp.PyArray_DATA(k)
+        cdef const float *vp = <const float *>cnp.PyArray_DATA(v)
+        if n * self.row_bytes >= NOGIL_BYTES:
+            with nogil:
+                self.c_write(t, L, s, n, kp, vp)
+        else:
+            self.c_write(t, L, s, n, kp, vp)
+
+    def read(self, block_table, layer, which, start, n, out=None, float32=False):
+        """Read ``n`` token rows of K (``which`` 0/'k') or V (1/'v') of ``layer`` from
+        ``start`` into ``out`` (``[n, kv_dim]``, storage dtype, or float32 when ``float32``)
+        or a new array; returns it."""
+        cdef Py_ssize_t L = _validate.check_index(layer, self.num_layers, "layer")
+        if which not in _WHICH:
+            raise ValueError(f"which must be 'k' or 'v', got {which!r}")
+        cdef int w = _WHICH[which]
+        cdef Py_ssize_t s = _validate.check_count(start, "start")
+        cdef Py_ssize_t cnt = _validate.check_count(n, "n")
+        dt = np.dtype(np.float32) if float32 else self.pool.dtype
+        if out is None:
+            out = np.empty((cnt, self.kv_dim), dtype=dt)
+        else:
+            _validate.check_out(out, (cnt, self.kv_dim), dt)
+        if cnt == 0:
+            return out
+        bt = self._table(block_table, (s + cnt + self.page_size - 1) // self.page_size)
+        cdef const int32_t *t = <const int32_t *>cnp.PyArray_DATA(bt)
+        cdef char *dst = <char *>cnp.PyArray_DATA(out)
+        cdef bint f32 = float32
+        if cnt * self.row_bytes >= NOGIL_BYTES:
+            with nogil:
+                self.c_read(t, L, w, s, cnt, dst, f32)
+        else:
+            self.c_read(t, L, w, s, cnt, dst, f32)
+        return out
+
+    def copy_pages_from(self, KVPageStore src, src_pages, dst_pages):
+        """Copy whole pages ``src.pool[src_pages[i]]`` into ``self.pool[dst_pages[i]]``.
+        Both stores must share the same config geometry and dtype."""
+        if src.pool.page_bytes != self.pool.page_bytes or src.code != self.code:
+            raise ValueError("stores have different page geometry or dtype")
+        s = np.ascontiguousarray(src_pages, dtype=np.int64).reshape(-1)
+        d = np.ascontiguousarray(dst_pages, dtype=np.int64).reshape(-1)
+        if s.shape[0] != d.shape[0]:
+            raise ValueError("src_pages and dst_pages differ in length")
+        if s.size and (s.min() < 0 or s.max() >= src.pool.max_pages):
+            raise IndexError("source page out of range")
+        if d.size and (d.min() < 0 or d.max() >= self.pool.max_pages):
+            raise IndexError("destination page out of range")
+        cdef const long long[::1] sv = s
+        cdef const long long[::1] dv = d
+        cdef Py_ssize_t i, nb = self.pool.page_bytes, cnt = s.shape[0]
+        with nogil:
+            for i in range(cnt):
+                memcpy(self.pool.page_ptr(dv[i]), src.pool.page_ptr(sv[i]), nb)

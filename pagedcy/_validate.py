@@ -1,0 +1,91 @@
+"""Input validation shared by every Python-facing entry point.
+
+Everything a ``nogil`` core trusts is checked here first: dtypes, shapes,
+contiguity and integer ranges. Failures are TypeError (wrong kind of object or
+dtype), ValueError (wrong shape or value) or IndexError (out-of-range index).
+"""
+import operator
+
+import numpy as np
+
+
+def as_int(value, name):
+    """``value`` as a Python int (TypeError for bools, floats and non-integers)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+
+
+def check_index(value, upper, name):
+    """``value`` as an int in ``[0, upper)``; IndexError otherwise."""
+    v = as_int(value, name)
+    if v < 0 or v >= upper:
+        raise IndexError(f"{name} {v} out of range [0, {upper})")
+    return v
+
+
+def check_count(value, name, upper=None):
+    """``value`` as an int >= 0 (and <= upper when given); ValueError otherwise."""
+    v = as_int(value, name)
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {v}")
+    if upper is not None and v > upper:
+        raise ValueError(f"{name} {v} exceeds {upper}")
+    return v
+
+
+def float_array(x, name):
+    """``x`` as a NumPy array of a real floating dtype (no copy when it already is one)."""
+    arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+    kind = arr.dtype.kind
+    if kind != "f" and arr.dtype.name != "bfloat16":
+        raise TypeError(f"{name} must be a floating-point array, got dtype {arr.dtype}")
+    return arr
+
+
+def as_f32_rows(x, name, num_kv_heads, head_dim, n_rows=None, leading=()):
+    """Token rows as a C-contiguous float32 array of shape ``leading + (n, kv_dim)``.
+
+    Accepts ``leading + (n, kv_dim)`` or ``leading + (n, num_kv_heads, head_dim)``;
+    with ``n_rows == 1`` and no leading axes also a single row ``(kv_dim,)`` or
+    ``(num_kv_heads, head_dim)``. Other float dtypes are converted; non-float
+    dtypes raise TypeError, wrong shapes ValueError.
+    """
+    arr = float_array(x, name)
+    kv_dim = num_kv_heads * head_dim
+    nl = len(leading)
+    shape = arr.shape
+    single = n_rows == 1 and nl == 0
+    if single and shape in ((kv_dim,), (num_kv_heads, head_dim)):
+        rows = arr.reshape(1, kv_dim)
+    elif len(shape) == nl + 2 and shape[:nl] == tuple(leading) and shape[-1] == kv_dim:
+        rows = arr
+    elif (len(shape) == nl + 3 and shape[:nl] == tuple(leading)
+          and shape[-2:] == (num_kv_heads, head_dim)):
+        rows = arr.reshape(shape[:nl + 1] + (kv_dim,))
+    else:
+        want = f"{tuple(leading) + ('n', kv_dim)} or {tuple(leading) + ('n', num_kv_heads, head_dim)}"
+        if single:
+            want = f"({kv_dim},) or ({num_kv_heads}, {head_dim})"
+        raise ValueError(f"{name} has shape {shape}; expected {want}")
+    if n_rows is not None and rows.shape[nl] != n_rows:
+        raise ValueError(f"{name} has {rows.shape[nl]} token rows, expected {n_rows}")
+    return np.ascontiguousarray(rows, dtype=np.float32)
+
+
+def check_out(out, shape, dtype, name="out"):
+    """Check a caller-supplied output array: exact dtype, shape and C-contiguity, writable."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype)}, got {out.dtype}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {out.shape}, expected {tuple(shape)}")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if not out.flags.writeable:
+        raise ValueError(f"{name} is read-only")
+    return out
