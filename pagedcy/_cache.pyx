@@ -14,6 +14,16 @@ from pagedcy.errors import PoolExhaustedError
 cnp.import_array()
 
 
+cdef inline Py_ssize_t layer_index(object layer, Py_ssize_t num_layers) except -1:
+    # Exact ints take the C path; everything else goes through the shared validator.
+    cdef Py_ssize_t L
+    if type(layer) is int:
+        L = layer
+        if 0 <= L < num_layers:
+            return L
+    return _validate.check_index(layer, num_layers, "layer")
+
+
 cdef class PagedKVCache:
     """Paged KV cache for one sequence, with on-demand page allocation.
 
@@ -143,7 +153,7 @@ cdef class PagedKVCache:
         TypeError/ValueError (dtype/shape) and PoolExhaustedError (no page, policy NONE);
         the cache is unchanged after any error.
         """
-        cdef Py_ssize_t L = _validate.check_index(layer, self.store.num_layers, "layer")
+        cdef Py_ssize_t L = layer_index(layer, self.store.num_layers)
         kk = self.store.rows(k, "k", 1)
         vv = self.store.rows(v, "v", 1)
         cdef const float *kp = <const float *>cnp.PyArray_DATA(kk)
@@ -204,7 +214,7 @@ cdef class PagedKVCache:
             raise MemoryError("cannot grow the page table")
 
     def _gather(self, layer, int which, dst):
-        cdef Py_ssize_t L = _validate.check_index(layer, self.store.num_layers, "layer")
+        cdef Py_ssize_t L = layer_index(layer, self.store.num_layers)
         cdef Py_ssize_t n, kvd = self.store.kv_dim
         cdef char *out
         cdef bint f32
