@@ -11,7 +11,7 @@ DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 def _ml_bfloat16():
     try:
-        import ml_dtypes
+        import ml_dtypes  # type: ignore[import-not-found]
     except ImportError:
         return None
     return np.dtype(ml_dtypes.bfloat16)
