@@ -55,6 +55,8 @@ cdef class PagedKVCache:
             PyThread_free_lock(self.lock)
 
     def __init__(self, config):
+        if self.store is not None:
+            raise RuntimeError("PagedKVCache is already initialised")
         if not isinstance(config, PagedKVCacheConfig):
             raise TypeError(f"config must be a PagedKVCacheConfig, got {type(config).__name__}")
         self.config = config

@@ -49,6 +49,8 @@ cdef class PagePool:
 
     def __init__(self, max_pages, floats_per_page, dtype="float32", buffer=None):
         cdef Py_ssize_t i, nbytes, offset
+        if self.stack != NULL:
+            raise RuntimeError("PagePool is already initialised")
         mp = as_index(max_pages, "max_pages")
         fpp = as_index(floats_per_page, "floats_per_page")
         if mp <= 0 or mp >= 2**31:
@@ -71,6 +73,8 @@ cdef class PagePool:
             offset = (-<Py_ssize_t><uintptr_t>cnp.PyArray_DATA(raw)) % ALIGN
             self._buffer = raw[offset:offset + nbytes]
         else:
+            if isinstance(buffer, np.ndarray) and not buffer.flags.c_contiguous:
+                raise TypeError("buffer must be C-contiguous")
             try:
                 view = np.frombuffer(buffer, dtype=np.uint8) if not isinstance(buffer, np.ndarray) \
                     else buffer.reshape(-1).view(np.uint8)

@@ -32,6 +32,8 @@ cdef class KVPageStore:
     """
 
     def __init__(self, config, buffer=None):
+        if self.pool is not None:
+            raise RuntimeError("KVPageStore is already initialised")
         if not isinstance(config, PagedKVCacheConfig):
             raise TypeError(f"config must be a PagedKVCacheConfig, got {type(config).__name__}")
         self.config = config
@@ -130,7 +132,7 @@ cdef class KVPageStore:
         ``block_table`` (int32 page ids). Errors: IndexError (layer, page ids), ValueError
         (shapes, positions past the table), TypeError (dtypes)."""
         cdef Py_ssize_t L = _validate.check_index(layer, self.num_layers, "layer")
-        cdef Py_ssize_t s = _validate.check_count(start, "start")
+        cdef Py_ssize_t s = _validate.check_count(start, "start", 2**40)
         k = self.rows(keys, "keys", -1)
         v = self.rows(values, "values", k.shape[0])
         cdef Py_ssize_t n = k.shape[0]
@@ -154,7 +156,7 @@ cdef class KVPageStore:
         if which not in _WHICH:
             raise ValueError(f"which must be 'k' or 'v', got {which!r}")
         cdef int w = _WHICH[which]
-        cdef Py_ssize_t s = _validate.check_count(start, "start")
+        cdef Py_ssize_t s = _validate.check_count(start, "start", 2**40)
         cdef Py_ssize_t cnt = _validate.check_count(n, "n")
         dt = np.dtype(np.float32) if float32 else self.pool.dtype
         if out is None:

@@ -26,6 +26,8 @@ cdef class PageTable:
         self.lock = new_lock()
 
     def __init__(self, page_size):
+        if self.buf != NULL:
+            raise RuntimeError("PageTable is already initialised")
         ps = as_index(page_size, "page_size")
         if ps <= 0 or ps >= 2**31:
             raise ValueError(f"page_size must be a positive integer, got {ps}")
