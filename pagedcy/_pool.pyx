@@ -70,7 +70,8 @@ cdef class PagePool:
         if buffer is None:
             # np.zeros maps zero pages lazily, so a large pool costs nothing until touched.
             raw = np.zeros(nbytes + ALIGN, dtype=np.uint8)
-            offset = (-<Py_ssize_t><uintptr_t>cnp.PyArray_DATA(raw)) % ALIGN
+            # Unsigned arithmetic: with cdivision a negative operand would give a negative offset.
+            offset = <Py_ssize_t>((ALIGN - (<uintptr_t>cnp.PyArray_DATA(raw)) % ALIGN) % ALIGN)
             self._buffer = raw[offset:offset + nbytes]
         else:
             if isinstance(buffer, np.ndarray) and not buffer.flags.c_contiguous:
