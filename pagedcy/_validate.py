@@ -27,12 +27,16 @@ def check_index(value, upper, name):
     return v
 
 
-def check_count(value, name, upper=None):
-    """``value`` as an int >= 0 (and <= upper when given); ValueError otherwise."""
+#: Largest count/position accepted anywhere: keeps every C size computation far from overflow.
+MAX_COUNT = 2**48
+
+
+def check_count(value, name, upper=MAX_COUNT):
+    """``value`` as an int in ``[0, upper]``; ValueError otherwise."""
     v = as_int(value, name)
     if v < 0:
         raise ValueError(f"{name} must be >= 0, got {v}")
-    if upper is not None and v > upper:
+    if v > upper:
         raise ValueError(f"{name} {v} exceeds {upper}")
     return v
 
