@@ -45,6 +45,7 @@ cdef class PagedKVCache:
     cdef PageTable table
     cdef Py_ssize_t evicted
     cdef bint lru
+    cdef bint pending      # append_kv_layer wrote position seq_len and advance() has not run
     cdef PyThread_type_lock lock
 
     def __cinit__(self, *args, **kwargs):
@@ -163,6 +164,8 @@ cdef class PagedKVCache:
         cdef int rc
         acquire(self.lock)
         rc = self.c_append(L, kp, vp, 1, 0, 1, False)
+        if rc == 0:
+            self.pending = True
         release(self.lock)
         if rc == -1:
             raise self.exhausted()
@@ -172,12 +175,13 @@ cdef class PagedKVCache:
     def advance(self):
         """Count the token written by ``append_kv_layer`` (seq_len += 1).
 
-        Raises ValueError if no page holds the next position (nothing was appended)."""
+        Raises ValueError unless append_kv_layer wrote a token since the last advance."""
         acquire(self.lock)
         try:
-            if self.table._seq_len + 1 > self.table.count * self.table.page_size:
-                raise ValueError("advance() past the mapped pages: append_kv_layer() the token first")
+            if not self.pending:
+                raise ValueError("advance() without a token: append_kv_layer() it first")
             self.table._seq_len += 1
+            self.pending = False
         finally:
             release(self.lock)
 
@@ -210,6 +214,7 @@ cdef class PagedKVCache:
                     rc = self.c_append(0, kp, vp, n, stride, nl, True)
             else:
                 rc = self.c_append(0, kp, vp, n, stride, nl, True)
+            self.pending = False
         finally:
             release(self.lock)
         if rc == -2:
@@ -267,6 +272,7 @@ cdef class PagedKVCache:
         self.table.count = 0
         self.table._seq_len = 0
         self.evicted = 0
+        self.pending = False
         release(self.lock)
 
     def total_memory_bytes(self):

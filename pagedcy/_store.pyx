@@ -120,8 +120,13 @@ cdef class KVPageStore:
             raise TypeError("block_table must be a 1-D integer array")
         if bt.shape[0] < npages:
             raise ValueError(f"block table has {bt.shape[0]} pages, {npages} are needed")
-        bt = np.ascontiguousarray(bt[:npages], dtype=np.int32) if bt.dtype != np.int32 or \
-            not bt.flags.c_contiguous else bt
+        bt = bt[:npages]
+        if bt.dtype != np.int32:
+            # Range-check before narrowing, or 2**32 + 1 would silently become page 1.
+            if npages and (bt.min() < 0 or bt.max() >= self.pool.max_pages):
+                raise IndexError(f"block table holds page ids outside the pool [0, {self.pool.max_pages})")
+            bt = bt.astype(np.int32)
+        bt = np.ascontiguousarray(bt)
         if npages:
             self.check_table(<const int32_t *>cnp.PyArray_DATA(bt), npages)
         return bt
@@ -153,7 +158,7 @@ cdef class KVPageStore:
         ``start`` into ``out`` (``[n, kv_dim]``, storage dtype, or float32 when ``float32``)
         or a new array; returns it."""
         cdef Py_ssize_t L = _validate.check_index(layer, self.num_layers, "layer")
-        if which not in _WHICH:
+        if isinstance(which, bool) or which not in _WHICH:
             raise ValueError(f"which must be 'k' or 'v', got {which!r}")
         cdef int w = _WHICH[which]
         cdef Py_ssize_t s = _validate.check_count(start, "start", 2**40)
@@ -176,13 +181,13 @@ cdef class KVPageStore:
             self.c_read(t, L, w, s, cnt, dst, f32)
         return out
 
-    def copy_pages_from(self, KVPageStore src, src_pages, dst_pages):
+    def copy_pages_from(self, KVPageStore src not None, src_pages, dst_pages):
         """Copy whole pages ``src.pool[src_pages[i]]`` into ``self.pool[dst_pages[i]]``.
         Both stores must share the same config geometry and dtype."""
         if src.pool.page_bytes != self.pool.page_bytes or src.code != self.code:
             raise ValueError("stores have different page geometry or dtype")
-        s = np.ascontiguousarray(src_pages, dtype=np.int64).reshape(-1)
-        d = np.ascontiguousarray(dst_pages, dtype=np.int64).reshape(-1)
+        s = _validate.int_array(src_pages, "src_pages").astype(np.int64).reshape(-1)
+        d = _validate.int_array(dst_pages, "dst_pages").astype(np.int64).reshape(-1)
         if s.shape[0] != d.shape[0]:
             raise ValueError("src_pages and dst_pages differ in length")
         if s.size and (s.min() < 0 or s.max() >= src.pool.max_pages):

@@ -35,7 +35,9 @@ cpdef int resolve_num_threads(object num_threads=None) except -1:
                 raise ValueError(f"PAGEDCY_NUM_THREADS must be a positive integer, got {env!r}")
         else:
             return omp_get_max_threads() if PAGEDCY_OPENMP else 1
-    if isinstance(num_threads, bool) or not isinstance(num_threads, int):
+    if isinstance(num_threads, bool):
+        raise TypeError("num_threads must be an int, got bool")
+    if not isinstance(num_threads, int):
         try:
             import operator
             num_threads = operator.index(num_threads)

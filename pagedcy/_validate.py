@@ -41,6 +41,14 @@ def check_count(value, name, upper=MAX_COUNT):
     return v
 
 
+def int_array(x, name):
+    """``x`` as a NumPy array of an integer dtype (bools, floats and strings are a TypeError)."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array, got dtype {arr.dtype}")
+    return arr
+
+
 def float_array(x, name):
     """``x`` as a NumPy array of a real floating dtype (no copy when it already is one)."""
     arr = x if isinstance(x, np.ndarray) else np.asarray(x)
