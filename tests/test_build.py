@@ -1,0 +1,103 @@
+"""The tests must exercise the compiled extension, not a pure-Python stand-in."""
+import importlib
+import importlib.machinery
+import inspect
+import io
+
+import pytest
+
+import pagedcy
+from pagedcy import KVPageStore, PagedKVCache, PagePool, PageTable
+
+EXT_MODULES = ["pagedcy._pool", "pagedcy._table", "pagedcy._store", "pagedcy._cache",
+               "pagedcy._threads"]
+
+
+@pytest.mark.parametrize("name", EXT_MODULES)
+def test_extension_modules_are_compiled_libraries(name):
+    mod = importlib.import_module(name)
+    assert mod.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), mod.__file__
+    assert isinstance(mod.__loader__, importlib.machinery.ExtensionFileLoader)
+
+
+def _instances():
+    cfg = pagedcy.PagedKVCacheConfig(4, 2, 1, 1, 4)
+    return [PagePool(2, 4), PageTable(4), KVPageStore(cfg), PagedKVCache(cfg)]
+
+
+@pytest.mark.parametrize("idx", range(4))
+def test_core_classes_are_extension_types(idx):
+    obj = _instances()[idx]
+    cls = type(obj)
+    assert type(cls).__name__ == "type"
+    assert cls.__module__ in EXT_MODULES
+    # A Python-defined class gives instances a __dict__ and its methods are Python functions.
+    assert "__dict__" not in cls.__dict__, f"{cls.__name__} looks like a pure-Python class"
+    assert not hasattr(obj, "__dict__")
+    methods = [m for m in vars(cls) if not m.startswith("_")]
+    assert methods
+    for m in methods:
+        assert not inspect.isfunction(vars(cls)[m]), f"{cls.__name__}.{m} is a Python function"
+
+
+def test_cache_instances_reject_new_attributes():
+    cache = PagedKVCache(pagedcy.PagedKVCacheConfig(4, 2, 1, 1, 4))
+    with pytest.raises(AttributeError):
+        cache.some_new_attribute = 1
+
+
+def test_openmp_enabled_is_bool():
+    assert isinstance(pagedcy.openmp_enabled(), bool)
+
+
+def test_show_config_prints_the_build_facts():
+    buf = io.StringIO()
+    pagedcy.show_config(file=buf)
+    out = buf.getvalue().lower()
+    assert pagedcy.__version__.lower() in out
+    assert "openmp" in out and str(pagedcy.openmp_enabled()).lower() in out
+    assert "thread" in out
+    assert "flags" in out and "-o3" in out
+
+
+def test_show_config_defaults_to_stdout(capsys):
+    pagedcy.show_config()
+    assert "openmp" in capsys.readouterr().out.lower()
+
+
+def test_resolve_num_threads_honours_argument(monkeypatch):
+    monkeypatch.delenv("PAGEDCY_NUM_THREADS", raising=False)
+    got = pagedcy.resolve_num_threads(3)
+    assert got == (3 if pagedcy.openmp_enabled() else 1)
+    assert pagedcy.resolve_num_threads(1) == 1
+    assert pagedcy.resolve_num_threads(None) >= 1
+
+
+def test_resolve_num_threads_honours_environment(monkeypatch):
+    monkeypatch.setenv("PAGEDCY_NUM_THREADS", "2")
+    assert pagedcy.resolve_num_threads() == (2 if pagedcy.openmp_enabled() else 1)
+    # An explicit argument wins over the environment.
+    assert pagedcy.resolve_num_threads(1) == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1, -100])
+def test_resolve_num_threads_rejects_non_positive(bad, monkeypatch):
+    monkeypatch.delenv("PAGEDCY_NUM_THREADS", raising=False)
+    with pytest.raises(ValueError):
+        pagedcy.resolve_num_threads(bad)
+
+
+@pytest.mark.parametrize("bad", ["x", 1.5, None.__class__, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason="BUG: pagedcy/_threads.pyx resolve_num_threads tests isinstance(bool) "
+    "but then falls into operator.index(True) == 1, so True is accepted as 1 thread"))])
+def test_resolve_num_threads_rejects_non_integers(bad, monkeypatch):
+    monkeypatch.delenv("PAGEDCY_NUM_THREADS", raising=False)
+    with pytest.raises((TypeError, ValueError)):
+        pagedcy.resolve_num_threads(bad)
+
+
+@pytest.mark.parametrize("env", ["0", "-1", "x", "2.5"])
+def test_resolve_num_threads_rejects_bad_environment(env, monkeypatch):
+    monkeypatch.setenv("PAGEDCY_NUM_THREADS", env)
+    with pytest.raises(ValueError):
+        pagedcy.resolve_num_threads()
