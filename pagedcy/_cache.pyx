@@ -18,7 +18,10 @@ cdef inline Py_ssize_t layer_index(object layer, Py_ssize_t num_layers) except -
     # Exact ints take the C path; everything else goes through the shared validator.
     cdef Py_ssize_t L
     if type(layer) is int:
-        L = layer
+        try:
+            L = layer
+        except OverflowError:
+            raise IndexError(f"layer {layer} out of range [0, {num_layers})") from None
         if 0 <= L < num_layers:
             return L
     return _validate.check_index(layer, num_layers, "layer")

@@ -441,7 +441,6 @@ ADVANCE_BUG = (
     "exposes whatever stale bytes the page held (pages are not zeroed on reuse)")
 
 
-@pytest.mark.xfail(strict=True, reason=ADVANCE_BUG)
 def test_advance_twice_after_one_append_is_value_error():
     cache = PagedKVCache(PagedKVCacheConfig(**GOOD))
     row = np.ones(8, np.float32)
@@ -454,7 +453,6 @@ def test_advance_twice_after_one_append_is_value_error():
     assert cache_state(cache) == before
 
 
-@pytest.mark.xfail(strict=True, reason=ADVANCE_BUG)
 def test_advance_after_bulk_append_is_value_error():
     cache = PagedKVCache(PagedKVCacheConfig(**GOOD))
     cache.append_tokens(np.ones((2, 1, 8), np.float32), np.ones((2, 1, 8), np.float32))
@@ -542,7 +540,6 @@ BLOCK_TABLE_WRAP_BUG = (
     "passes the range check: write() silently writes page 1 (read() reads it)")
 
 
-@pytest.mark.xfail(strict=True, reason=BLOCK_TABLE_WRAP_BUG)
 @pytest.mark.parametrize("bt", [np.array([2**32 + 1], np.int64), np.array([2**32], np.uint64),
                                 np.array([-2**32 + 2], np.int64)])
 def test_store_write_rejects_block_table_entries_that_wrap(bt):
@@ -577,9 +574,6 @@ def test_store_read_rejects(kw, exc):
     assert store_state(s) == before
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: pagedcy/_store.pyx KVPageStore.read looks `which` "
-                   "up in a dict keyed 0/1/'k'/'v', so which=True (== 1) silently reads V "
-                   "instead of being rejected like every other bool argument")
 def test_store_read_rejects_bool_which():
     s = store()
     with pytest.raises((TypeError, ValueError)):
@@ -592,7 +586,6 @@ HUGE_START_BUG = (
     "its checks and c_write/c_read index the block table out of bounds -> segfault")
 
 
-@pytest.mark.xfail(strict=True, reason=HUGE_START_BUG)
 @pytest.mark.parametrize("call", [
     "s.write(np.array([0], np.int32), 0, 2**63 - 1, np.ones((1, 8), np.float32), "
     "np.ones((1, 8), np.float32))",
@@ -632,18 +625,11 @@ def test_store_copy_pages_from_roundtrip_and_errors():
         assert store_state(b) == before
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: pagedcy/_store.pyx copy_pages_from declares "
-                   "`KVPageStore src` without `not None`, so src=None reaches src.pool.page_bytes "
-                   "and dereferences a NULL struct -> segfault")
 def test_store_copy_pages_from_none_does_not_crash():
     expect_exception_isolated("s = p.KVPageStore(p.PagedKVCacheConfig(4, 4, 2, 2, 4))",
                               "s.copy_pages_from(None, [0], [1])", ["TypeError"])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: pagedcy/_store.pyx copy_pages_from converts page "
-                   "ids with np.ascontiguousarray(..., dtype=np.int64), which silently truncates "
-                   "floats (1.7 -> 1), accepts bools and parses strings ('1'), instead of "
-                   "TypeError like every other index argument")
 @pytest.mark.parametrize("src_pages,dst_pages", [([1.7], [0]), ([0], [True]), (["1"], [0]),
                                                  (np.array([0.0]), np.array([1.0]))])
 def test_store_copy_pages_from_rejects_non_integer_ids(src_pages, dst_pages):

@@ -166,7 +166,6 @@ POOL_ALIGN_BUG = (
     "reshape size 0) and every page write goes out of bounds of the heap block")
 
 
-@pytest.mark.xfail(strict=True, reason=POOL_ALIGN_BUG)
 def test_buffer_is_64_byte_aligned_and_sized():
     # Many pools of many sizes: a fix-up that only works for some heap addresses must fail here.
     for dtype in DTYPES:
