@@ -45,8 +45,8 @@ def make_batch(rng, *, q_lens, kv_lens, num_heads, num_kv_heads, head_dim, page_
             pages[pid, layer, 0, : hi - lo] = k[lo:hi]
             pages[pid, layer, 1, : hi - lo] = v[lo:hi]
             # other layers hold garbage that must never be read
-            pages[pid, :layer, :, : hi - lo] = 1e30
-            pages[pid, layer + 1:, :, : hi - lo] = -1e30
+            pages[pid, :layer, :, : hi - lo] = 3e4
+            pages[pid, layer + 1:, :, : hi - lo] = -3e4
         Ks.append(k)
         Vs.append(v)
     if dtype == "float16":
