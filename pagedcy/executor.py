@@ -134,12 +134,20 @@ class PagedAttentionExecutor:
         """Fold attention outputs ``[n, num_heads, head_dim]`` into float32 ``[n, vocab]``
         with ``logits[i % vocab] += out[i]`` (summed in float64, rounded once)."""
         V = self.config.vocab_size
-        a = np.asarray(attn_out, dtype=np.float64).reshape(attn_out.shape[0], -1)
+        a = np.asarray(attn_out).reshape(attn_out.shape[0], -1)
         n, w = a.shape
-        pad = (-w) % V
-        if pad:
-            a = np.concatenate([a, np.zeros((n, pad))], axis=1)
-        return a.reshape(n, -1, V).sum(axis=1).astype(np.float32)
+        full, rest = divmod(w, V)
+        if full == 0:                     # every bucket gets at most one value: no sums
+            out = np.zeros((n, V), dtype=np.float32)
+            out[:, :w] = a
+            return out
+        out = np.zeros((n, V), dtype=np.float64)
+        if full:
+            out += a[:, :full * V].reshape(n, full, V).sum(axis=1, dtype=np.float64)
+        if rest:
+            # No zero padding: with a vocab larger than the output most buckets get nothing.
+            out[:, :rest] += a[:, full * V:]
+        return out.astype(np.float32)
 
     @staticmethod
     def _ids(input_ids, name):
