@@ -20,6 +20,7 @@ cdef extern from "pagedcy_attention.h":
         float *out
         float *lse
         int32_t use_simd
+        int32_t flags
 
 
 # Runs the kernel on already-validated parameters (see batch_paged_attention

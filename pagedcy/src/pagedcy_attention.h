@@ -40,6 +40,7 @@ typedef struct {
     float *out;                  /* [total_q, H, D] */
     float *lse;                  /* [total_q, H] or NULL */
     int32_t use_simd;
+    int32_t flags;               /* private tuning switches (0: defaults) */
 } pagedcy_attn_params;
 
 typedef struct {

@@ -13,6 +13,7 @@
 #if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
 #define PAGEDCY_ATTN_HAVE_AVX2 1
 #define PA_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define PA_PF(p) do { if (flags & 1) _mm_prefetch((p), _MM_HINT_T1); else _mm_prefetch((p), _MM_HINT_T0); } while (0)
 #define PA_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
 /* Eight storage-dtype values -> 8 floats. `dtype` is a literal at every call
@@ -97,7 +98,7 @@ PA_AVX2_INLINE __m256 pa_tanh8(__m256 x) {
  * do not stall on DRAM latency. */
 PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
                              int tlo, int thi, float *S, int Sld,
-                             const char *pf, int64_t pf_row_bytes, int dtype) {
+                             const char *pf, int64_t pf_row_bytes, int flags, int dtype) {
     const float *q0 = q, *q1 = q + D, *q2 = q + 2 * D, *q3 = q + 3 * D;
     for (int t = tlo; t < thi; t += 2) {
         int two = t + 1 < thi;
@@ -106,8 +107,8 @@ PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
             const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2;
             const char *r0 = pf + o0 * es, *r1 = pf + (o0 + ks) * es;
             for (int64_t b = 0; b < pf_row_bytes; b += 64) {
-                _mm_prefetch(r0 + b, _MM_HINT_T0);
-                if (two) _mm_prefetch(r1 + b, _MM_HINT_T0);
+                PA_PF(r0 + b);
+                if (two) PA_PF(r1 + b);
             }
         }
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
@@ -140,7 +141,7 @@ PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
  * across the tokens; each V load is shared by the 4 rows. */
 PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P, int Sld,
                              const void *V, int64_t vs, int tlo, int thi,
-                             const char *pf, int64_t pf_row_bytes, int pf_rows, int dtype) {
+                             const char *pf, int64_t pf_row_bytes, int pf_rows, int flags, int dtype) {
     const float *p0 = P, *p1 = P + Sld, *p2 = P + 2 * Sld, *p3 = P + 3 * Sld;
     float *O0 = O, *O1 = O + D, *O2 = O + 2 * D, *O3 = O + 3 * D;
     __m256 al0 = _mm256_set1_ps(alpha[0]), al1 = _mm256_set1_ps(alpha[1]);
@@ -153,7 +154,7 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
             /* spread the next slice's prefetches over the d-chunks */
             int end = pf_rows * (d + 16) / D;
             for (; pfr < end; pfr++)
-                for (int64_t b = 0; b < pf_row_bytes; b += 64) _mm_prefetch(pf + pfr * pf_stride + b, _MM_HINT_T0);
+                for (int64_t b = 0; b < pf_row_bytes; b += 64) PA_PF(pf + pfr * pf_stride + b);
         }
         __m256 c00 = _mm256_mul_ps(_mm256_loadu_ps(O0 + d), al0), c01 = _mm256_mul_ps(_mm256_loadu_ps(O0 + d + 8), al0);
         __m256 c10 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d), al1), c11 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d + 8), al1);
@@ -175,7 +176,7 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
     }
     if (pf)
         for (; pfr < pf_rows; pfr++)
-            for (int64_t b = 0; b < pf_row_bytes; b += 64) _mm_prefetch(pf + pfr * pf_stride + b, _MM_HINT_T0);
+            for (int64_t b = 0; b < pf_row_bytes; b += 64) PA_PF(pf + pfr * pf_stride + b);
     if (d < D) {   /* D % 16 == 8 */
         __m256 c0 = _mm256_mul_ps(_mm256_loadu_ps(O0 + d), al0);
         __m256 c1 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d), al1);
@@ -194,18 +195,18 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
 }
 
 PA_AVX2 static void pa_qk4_avx2(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,
-                                float *S, int Sld, const char *pf, int64_t pf_row_bytes, int dtype) {
-    if (dtype == PAGEDCY_F32) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, PAGEDCY_F32);
-    else if (dtype == PAGEDCY_F16) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, PAGEDCY_F16);
-    else pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, PAGEDCY_BF16);
+                                float *S, int Sld, const char *pf, int64_t pf_row_bytes, int flags, int dtype) {
+    if (dtype == PAGEDCY_F32) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_F32);
+    else if (dtype == PAGEDCY_F16) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_F16);
+    else pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_BF16);
 }
 
 PA_AVX2 static void pa_pv4_avx2(float *O, int D, const float *alpha, const float *P, int Sld,
                                 const void *V, int64_t vs, int tlo, int thi,
-                                const char *pf, int64_t pf_row_bytes, int pf_rows, int dtype) {
-    if (dtype == PAGEDCY_F32) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, PAGEDCY_F32);
-    else if (dtype == PAGEDCY_F16) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, PAGEDCY_F16);
-    else pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, PAGEDCY_BF16);
+                                const char *pf, int64_t pf_row_bytes, int pf_rows, int flags, int dtype) {
+    if (dtype == PAGEDCY_F32) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_F32);
+    else if (dtype == PAGEDCY_F16) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_F16);
+    else pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_BF16);
 }
 
 /* One row's online-softmax step over S[tb, te) (tb multiple of 8, te <= Sld
@@ -243,6 +244,16 @@ PA_AVX2 static float pa_softmax_row_avx2(float *s, int tb, int te, int vlo, int 
     *l = *l * alpha + pa_hadd8(acc);
     *m = mnew;
     return alpha;
+}
+
+PA_AVX2 static void pa_pack_row_avx2(float *dst, const void *src, int D, int dtype) {
+    if (dtype == PAGEDCY_F32) {
+        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, pa_ld8(src, d, PAGEDCY_F32));
+    } else if (dtype == PAGEDCY_F16) {
+        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, pa_ld8(src, d, PAGEDCY_F16));
+    } else {
+        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, pa_ld8(src, d, PAGEDCY_BF16));
+    }
 }
 
 PA_AVX2 static void pa_scale_copy_avx2(float *dst, const float *src, int n, float scale) {

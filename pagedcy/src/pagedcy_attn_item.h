@@ -92,12 +92,18 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 const int64_t hoff = (int64_t)(it->g0 + gi) * D * es;
                 const char *Kg = page + hoff;
                 const char *Vg = page + (int64_t)T * kv_dim * es + hoff;
-                /* the slice worked on next: this page's next head, else the next page */
+                /* Prefetch this head's slice of the next page: a whole page of
+                 * work ahead, enough to cover DRAM latency when the walk jumps. */
                 const char *pfK = NULL, *pfV = NULL;
-                if (gi + 1 < ng) { pfK = Kg + row_bytes; pfV = Vg + row_bytes; }
-                else if (next_page) {
-                    pfK = next_page + (int64_t)it->g0 * D * es;
-                    pfV = next_page + ((int64_t)T * kv_dim + (int64_t)it->g0 * D) * es;
+                if (P->flags & 2) {
+                    if (gi + 1 < ng) { pfK = Kg + row_bytes; pfV = Vg + row_bytes; }
+                    else if (next_page) {
+                        pfK = next_page + (int64_t)it->g0 * D * es;
+                        pfV = next_page + ((int64_t)T * kv_dim + (int64_t)it->g0 * D) * es;
+                    }
+                } else if (next_page) {
+                    pfK = next_page + hoff;
+                    pfV = next_page + (int64_t)T * kv_dim * es + hoff;
                 }
                 const float *qg = W.qp + (int64_t)gi * Mp * D;
                 float *Og = W.O + (int64_t)gi * Mp * D;
@@ -113,12 +119,35 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                     Kf = W.kbuf; Vf = W.vbuf; kst = D;
                 }
 #endif
+#if PA_SIMD
+                /* Several 4-row blocks reuse this slice: copy it once to a
+                 * contiguous float32 buffer. Token rows in the pool sit kv_dim
+                 * apart (often 4 KiB), so the raw slice maps onto a few L1
+                 * sets and would be refetched from L2 by every block. */
+                const void *Ks = Kg, *Vs = Vg;
+                int64_t kst = kv_dim;
+                int kdt = P->dtype;
+                if (nblk > 1 && !(P->flags & 4)) {
+                    for (int t = 0; t < nt; t++) {
+                        pa_pack_row_avx2(W.kbuf + (int64_t)t * D, Kg + (int64_t)t * kv_dim * es, D, P->dtype);
+                        pa_pack_row_avx2(W.vbuf + (int64_t)t * D, Vg + (int64_t)t * kv_dim * es, D, P->dtype);
+                    }
+                    if (pfK) {
+                        for (int t = 0; t < nt; t++)
+                            for (int64_t bb = 0; bb < 2 * row_bytes; bb += 64)
+                                _mm_prefetch((bb < row_bytes ? pfK + bb : pfV + bb - row_bytes) + (int64_t)t * kv_dim * es,
+                                             _MM_HINT_T1);
+                        pfK = pfV = NULL;
+                    }
+                    Ks = W.kbuf; Vs = W.vbuf; kst = D; kdt = PAGEDCY_F32;
+                }
+#endif
                 int first = 1;
                 for (int b4 = 0; b4 < nblk; b4++) {
                     if (W.blo[b4] >= W.bhi[b4]) continue;
 #if PA_SIMD
-                    pa_qk4_avx2(qg + (int64_t)b4 * 4 * D, D, Kg, kv_dim, W.blo[b4], W.bhi[b4],
-                                W.S + (int64_t)b4 * 4 * Sld, Sld, first ? pfK : NULL, row_bytes, P->dtype);
+                    pa_qk4_avx2(qg + (int64_t)b4 * 4 * D, D, Ks, kst, W.blo[b4], W.bhi[b4],
+                                W.S + (int64_t)b4 * 4 * Sld, Sld, first ? pfK : NULL, row_bytes, P->flags, kdt);
 #else
                     pa_qk4_scalar(qg + (int64_t)b4 * 4 * D, D, Kf, kst, W.blo[b4], W.bhi[b4],
                                   W.S + (int64_t)b4 * 4 * Sld, Sld);
@@ -144,8 +173,8 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                     }
 #if PA_SIMD
                     pa_pv4_avx2(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld, Sld,
-                                Vg, kv_dim, W.blo[b4], W.bhi[b4], first ? pfV : NULL,
-                                row_bytes, T, P->dtype);
+                                Vs, kst, W.blo[b4], W.bhi[b4], first ? pfV : NULL,
+                                row_bytes, T, P->flags, kdt);
 #else
                     pa_pv4_scalar(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld,
                                   Sld, Vf, kst, W.blo[b4], W.bhi[b4]);
