@@ -86,9 +86,11 @@ class PagedAttentionExecutor:
 
     The manager's cache geometry must match (num_layers, num_kv_heads, head_dim; else
     ValueError). ``max_batch_size`` (default 64) is only reported by ``capabilities()``.
+    ``num_threads`` goes to the attention kernel (None: PAGEDCY_NUM_THREADS or OpenMP's
+    default).
     """
 
-    def __init__(self, config, manager, *, max_batch_size=64):
+    def __init__(self, config, manager, *, max_batch_size=64, num_threads=None):
         if not isinstance(config, PagedExecutorConfig):
             raise TypeError("config must be a PagedExecutorConfig")
         if not isinstance(manager, PagedKVCacheManager):
@@ -103,6 +105,7 @@ class PagedAttentionExecutor:
         self.config = config
         self.manager = manager
         self.max_batch_size = int(max_batch_size)
+        self.num_threads = num_threads
         self._kv_dim = config.num_kv_heads * config.head_dim
         self._rep = config.num_heads // config.num_kv_heads
         self._prefill_ops = self._decode_ops = 0
@@ -229,7 +232,8 @@ class PagedAttentionExecutor:
             rows = embs[b, start:]
             for layer in range(c.num_layers):
                 m.write_kv_tokens(h, layer, start, rows, rows)
-        out = m.attention(c.num_layers - 1, self._query(emb), hs, q_lens=[S] * B, causal=True)
+        out = m.attention(c.num_layers - 1, self._query(emb), hs, q_lens=[S] * B, causal=True,
+                          num_threads=self.num_threads)
         logits = self.logits(out).reshape(B, S, c.vocab_size)
         self._prefill_ops += 1
         self._batch = B
@@ -276,7 +280,8 @@ class PagedAttentionExecutor:
             m.write_kv_batch(hs, layer, pos, emb, emb)
         for h, p in zip(hs, pos.tolist()):
             h.set_num_tokens(p + 1)
-        out = m.attention(c.num_layers - 1, self._query(emb), hs, causal=True)
+        out = m.attention(c.num_layers - 1, self._query(emb), hs, causal=True,
+                          num_threads=self.num_threads)
         logits = self.logits(out)
         self._decode_ops += 1
         self._batch = B
