@@ -33,3 +33,14 @@ try:  # the attention kernel and the manager build on the core
     __all__ += ["batch_paged_attention", "merge_states"]
 except ImportError:  # pragma: no cover - present in every complete build
     pass
+
+try:  # the multi-sequence layer needs the attention kernel for attention, not to import
+    from pagedcy.manager import (AllocationRequest, CacheStats, MemoryPressure,  # noqa: F401
+                                 PagedKVCacheHandle, PagedKVCacheManager, paged_attention)
+    from pagedcy.executor import (DecodeOutput, PagedAttentionExecutor,  # noqa: F401
+                                  PagedExecutorConfig, PrefillOutput)
+    __all__ += ["AllocationRequest", "CacheStats", "MemoryPressure", "PagedKVCacheHandle",
+                "PagedKVCacheManager", "paged_attention", "DecodeOutput",
+                "PagedAttentionExecutor", "PagedExecutorConfig", "PrefillOutput"]
+except ImportError:  # pragma: no cover - _manager_ops missing from a partial build
+    pass

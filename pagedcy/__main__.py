@@ -24,7 +24,8 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="print the build configuration (show_config)")
     demo = sub.add_parser("demo", help="run a short paged-cache workload and print a summary")
-    demo.add_argument("--requests", type=int, default=300, help="number of requests")
+    demo.add_argument("--requests", type=int, default=None,
+                      help="number of requests (default 300; 60 with --quick)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--quick", action="store_true", help="a smaller run (for CI)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")

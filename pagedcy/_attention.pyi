@@ -1,0 +1,50 @@
+from typing import Literal, Sequence, overload
+
+import numpy as np
+import numpy.typing as npt
+
+@overload
+def batch_paged_attention(
+    query: npt.ArrayLike,
+    qo_indptr: npt.ArrayLike,
+    kv_pages: np.ndarray,
+    layer: int,
+    block_tables: npt.ArrayLike,
+    kv_lens: npt.ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: bool = ...,
+    window_left: int = ...,
+    soft_cap: float = ...,
+    alibi_slopes: npt.ArrayLike | None = ...,
+    out: np.ndarray | None = ...,
+    return_lse: Literal[False] = ...,
+    num_threads: int | None = ...,
+) -> np.ndarray: ...
+@overload
+def batch_paged_attention(
+    query: npt.ArrayLike,
+    qo_indptr: npt.ArrayLike,
+    kv_pages: np.ndarray,
+    layer: int,
+    block_tables: npt.ArrayLike,
+    kv_lens: npt.ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: bool = ...,
+    window_left: int = ...,
+    soft_cap: float = ...,
+    alibi_slopes: npt.ArrayLike | None = ...,
+    out: np.ndarray | None = ...,
+    return_lse: Literal[True],
+    num_threads: int | None = ...,
+) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def merge_states(
+    v_a: npt.ArrayLike, s_a: npt.ArrayLike, v_b: npt.ArrayLike, s_b: npt.ArrayLike
+) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def merge_states(
+    v_a: Sequence[npt.ArrayLike], s_a: Sequence[npt.ArrayLike]
+) -> tuple[np.ndarray, np.ndarray]: ...
+def simd_enabled() -> bool: ...

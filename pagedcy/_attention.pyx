@@ -1,0 +1,360 @@
+"""Paged attention over the pagedcy page pool (batched decode + prefill).
+
+The heavy lifting is in ``src/pagedcy_attention.h``; this module validates
+everything coming from Python, then runs the kernel with the GIL released.
+"""
+import math
+import operator
+
+import numpy as np
+cimport numpy as cnp
+from cython.parallel cimport prange
+from libc.stdint cimport int32_t, int64_t
+from libc.stdlib cimport free
+
+from pagedcy._openmp cimport omp_get_thread_num
+from pagedcy._threads import resolve_num_threads
+
+cnp.import_array()
+
+cdef extern from "pagedcy_attention.h":
+    ctypedef struct pagedcy_attn_item:
+        pass
+    ctypedef struct pagedcy_attn_group:
+        pass
+    ctypedef struct pagedcy_attn_plan:
+        pagedcy_attn_item *items
+        pagedcy_attn_group *groups
+        int64_t nitems, ngroups
+        int64_t part_o_floats, part_lse_floats
+        int64_t ws_floats
+    int PAGEDCY_F32, PAGEDCY_F16, PAGEDCY_BF16
+    int pagedcy_use_simd() noexcept nogil
+    pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_params *P, int nthreads,
+                                              int64_t kv_chunk) noexcept nogil
+    void pagedcy_attn_free_plan(pagedcy_attn_plan *pl) noexcept nogil
+    void pagedcy_attn_run_item(const pagedcy_attn_params *P, const pagedcy_attn_item *it,
+                               float *ws, float *part_o, float *part_lse) noexcept nogil
+    int pagedcy_attn_merge_group(const pagedcy_attn_params *P, const pagedcy_attn_group *g,
+                                 const float *part_o, const float *part_lse) noexcept nogil
+    void pagedcy_merge_one(int k, const float *const *v, const float *s, int D,
+                           float *out, float *s_out) noexcept nogil
+    void *pagedcy_aligned_alloc(size_t nbytes) noexcept nogil
+
+
+cdef int paged_attention_nogil(const pagedcy_attn_params *P, int num_threads,
+                               int64_t kv_chunk) noexcept nogil:
+    cdef pagedcy_attn_plan *pl = pagedcy_attn_make_plan(P, num_threads, kv_chunk)
+    if pl == NULL:
+        return -1
+    cdef int nt = num_threads
+    if nt > pl.nitems:
+        nt = <int>pl.nitems if pl.nitems > 0 else 1
+    cdef float *ws = <float *>pagedcy_aligned_alloc(<size_t>(nt * pl.ws_floats) * sizeof(float))
+    cdef float *part_o = <float *>pagedcy_aligned_alloc(<size_t>pl.part_o_floats * sizeof(float))
+    cdef float *part_lse = <float *>pagedcy_aligned_alloc(<size_t>pl.part_lse_floats * sizeof(float))
+    cdef int64_t i
+    cdef int rc = 0
+    cdef int merr = 0
+    if ws == NULL or part_o == NULL or part_lse == NULL:
+        rc = -1
+    else:
+        for i in prange(pl.nitems, num_threads=nt, schedule='dynamic', chunksize=1):
+            pagedcy_attn_run_item(P, &pl.items[i], ws + omp_get_thread_num() * pl.ws_floats,
+                                  part_o, part_lse)
+        if pl.ngroups > 0:
+            for i in prange(pl.ngroups, num_threads=nt, schedule='dynamic', chunksize=1):
+                merr += pagedcy_attn_merge_group(P, &pl.groups[i], part_o, part_lse)
+            if merr != 0:
+                rc = -1
+    free(ws)
+    free(part_o)
+    free(part_lse)
+    pagedcy_attn_free_plan(pl)
+    return rc
+
+
+cdef _as_int_array(obj, str name, int ndim):
+    arr = np.asarray(obj)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array, got dtype {arr.dtype}")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
+    return arr
+
+
+cdef int _kv_dtype_code(cnp.ndarray kv) except -1:
+    dt = kv.dtype
+    if dt == np.float32:
+        return PAGEDCY_F32
+    if dt == np.float16:
+        return PAGEDCY_F16
+    if dt.name == "bfloat16" or dt == np.uint16:
+        return PAGEDCY_BF16
+    raise TypeError(f"kv_pages dtype must be float32, float16 or bfloat16 (or uint16 bf16 bits), got {dt}")
+
+
+def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, *,
+                          scale=None, causal=True, window_left=-1, soft_cap=0.0,
+                          alibi_slopes=None, out=None, return_lse=False, num_threads=None,
+                          _kv_chunk=0, _force_scalar=False, _flags=0):
+    """Attention of a ragged batch of queries over paged K/V.
+
+    query: float ``[total_q, num_heads, head_dim]`` (converted to float32);
+    sequence ``b`` owns rows ``qo_indptr[b]:qo_indptr[b+1]``.
+    qo_indptr: int ``[B+1]``, starts at 0, non-decreasing, ends at total_q.
+    kv_pages: ``[max_pages, num_layers, 2, page_size, num_kv_heads, head_dim]``
+    C-contiguous float32 / float16 / bfloat16 (uint16 = bf16 bits).
+    layer: layer index. block_tables: int ``[B, max_pages_per_seq]`` page ids
+    (only the first ``ceil(kv_len/page_size)`` of a row are read).
+    kv_lens: int ``[B]``; each ``q_len <= kv_len``.
+
+    Scores are ``q.k * scale`` (default ``1/sqrt(head_dim)``), then
+    ``soft_cap*tanh(s/soft_cap)`` if ``soft_cap > 0``, then ALiBi
+    ``slope[h]*(j - i_abs)``; query row i of a sequence sits at absolute
+    position ``i_abs = kv_len - q_len + i``; ``causal`` keeps keys ``j <= i_abs``,
+    ``window_left >= 0`` keeps ``j >= i_abs - window_left``. Query head h uses KV
+    head ``h // (num_heads // num_kv_heads)``.
+
+    Returns ``out`` float32 ``[total_q, num_heads, head_dim]`` (written in place
+    when ``out`` is given), or ``(out, lse)`` with ``lse`` float32
+    ``[total_q, num_heads]`` (natural log; -inf for a row that sees no key)
+    when ``return_lse``.
+
+    Raises TypeError (dtypes), ValueError (shapes, ranges, non-contiguous
+    kv_pages/out, q_len > kv_len, ...), IndexError (layer or a needed page id
+    out of range), MemoryError.
+    """
+    cdef pagedcy_attn_params P
+    # --- query
+    q = np.asarray(query)
+    if not (q.dtype.kind == "f" or q.dtype.name == "bfloat16"):
+        raise TypeError(f"query must be a floating-point array, got dtype {q.dtype}")
+    if q.ndim != 3:
+        raise ValueError(f"query must be 3-D [total_q, num_heads, head_dim], got shape {q.shape}")
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    cdef int64_t total_q = q.shape[0]
+    cdef int64_t H = q.shape[1]
+    cdef int64_t D = q.shape[2]
+    # --- kv pages
+    if not isinstance(kv_pages, np.ndarray):
+        raise TypeError(f"kv_pages must be a numpy array, got {type(kv_pages).__name__}")
+    cdef cnp.ndarray kv = kv_pages
+    if kv.ndim != 6:
+        raise ValueError("kv_pages must be 6-D [max_pages, num_layers, 2, page_size, num_kv_heads, "
+                         f"head_dim], got shape {kv_pages.shape}")
+    cdef int dtype_code = _kv_dtype_code(kv)
+    if not kv.flags.c_contiguous:
+        raise ValueError("kv_pages must be C-contiguous")
+    cdef int64_t max_pages = kv.shape[0]
+    cdef int64_t L = kv.shape[1]
+    cdef int64_t T = kv.shape[3]
+    cdef int64_t Hkv = kv.shape[4]
+    if kv.shape[2] != 2:
+        raise ValueError(f"kv_pages axis 2 must have length 2 (K, V), got {kv.shape[2]}")
+    if kv.shape[5] != D:
+        raise ValueError(f"head_dim mismatch: query has {D}, kv_pages has {kv.shape[5]}")
+    if T < 1 or Hkv < 1 or D < 1:
+        raise ValueError(f"kv_pages has an empty page_size/num_kv_heads/head_dim: {kv_pages.shape}")
+    if H < 1 or H % Hkv != 0:
+        raise ValueError(f"num_heads ({H}) must be a positive multiple of num_kv_heads ({Hkv})")
+    if T > (1 << 30) or D > (1 << 20) or H > (1 << 20):
+        raise ValueError("page_size / head_dim / num_heads too large")
+    # --- layer
+    try:
+        lay = operator.index(layer)
+    except TypeError:
+        raise TypeError(f"layer must be an int, got {type(layer).__name__}")
+    if not 0 <= lay < L:
+        raise IndexError(f"layer {lay} out of range for {L} layers")
+    # --- indptr / lens / block tables
+    ind = _as_int_array(qo_indptr, "qo_indptr", 1)
+    lens = _as_int_array(kv_lens, "kv_lens", 1)
+    bt = _as_int_array(block_tables, "block_tables", 2)
+    cdef int64_t B = lens.shape[0]
+    if ind.shape[0] != B + 1:
+        raise ValueError(f"qo_indptr must have length B+1 = {B + 1}, got {ind.shape[0]}")
+    if bt.shape[0] != B:
+        raise ValueError(f"block_tables must have {B} rows (one per sequence), got {bt.shape[0]}")
+    if B > (1 << 30):
+        raise ValueError("too many sequences")
+    ind64 = ind.astype(np.int64)
+    lens64 = np.ascontiguousarray(lens, dtype=np.int64)
+    if (ind.dtype.kind == "u" and ind.size and ind.max() > np.iinfo(np.int64).max) or \
+       (lens.dtype.kind == "u" and lens.size and lens.max() > np.iinfo(np.int64).max):
+        raise ValueError("qo_indptr / kv_lens values too large")
+    if ind64[0] != 0:
+        raise ValueError(f"qo_indptr must start at 0, got {ind64[0]}")
+    if ind64[B] != total_q:
+        raise ValueError(f"qo_indptr must end at total_q = {total_q}, got {ind64[B]}")
+    qlens = np.diff(ind64)
+    if B and qlens.min() < 0:
+        raise ValueError("qo_indptr must be non-decreasing")
+    if B and lens64.min() < 0:
+        raise ValueError("kv_lens must be >= 0")
+    cdef int64_t maxp = bt.shape[1]
+    if B and lens64.max() > maxp * T:
+        raise ValueError(f"a kv_len ({lens64.max()}) exceeds block_tables capacity "
+                         f"{maxp} pages * {T} = {maxp * T}")
+    if B and (qlens > lens64).any():
+        b = int(np.argmax(qlens > lens64))
+        raise ValueError(f"sequence {b} has q_len {qlens[b]} > kv_len {lens64[b]}")
+    npages = (lens64 + (T - 1)) // T
+    if B and maxp:
+        needed = np.arange(maxp)[None, :] < npages[:, None]
+        ids = bt[needed]
+        if ids.size and (ids.min() < 0 or ids.max() >= max_pages):
+            bad = ids[(ids < 0) | (ids >= max_pages)][0]
+            raise IndexError(f"block_tables holds page id {bad} outside [0, {max_pages})")
+    bt32 = np.ascontiguousarray(bt, dtype=np.int32) if bt.size else np.zeros((B, 1), np.int32)
+    if not bt.size:
+        maxp = 1
+    # --- options
+    if scale is None:
+        fscale = 1.0 / math.sqrt(D)
+    else:
+        fscale = float(scale)
+        if not math.isfinite(fscale):
+            raise ValueError(f"scale must be finite, got {scale}")
+    fcap = float(soft_cap)
+    if not (fcap >= 0.0 and math.isfinite(fcap)):
+        raise ValueError(f"soft_cap must be a finite value >= 0, got {soft_cap}")
+    try:
+        wl = operator.index(window_left)
+    except TypeError:
+        raise TypeError(f"window_left must be an int, got {type(window_left).__name__}")
+    if wl < -1:
+        raise ValueError(f"window_left must be >= -1, got {wl}")
+    if wl > (1 << 31) - 1:
+        wl = -1        # wider than any sequence: same as no window
+    alibi = None
+    if alibi_slopes is not None:
+        alibi = np.asarray(alibi_slopes)
+        if alibi.dtype.kind not in "fiu":
+            raise TypeError(f"alibi_slopes must be a float array, got dtype {alibi.dtype}")
+        if alibi.shape != (H,):
+            raise ValueError(f"alibi_slopes must have shape ({H},), got {alibi.shape}")
+        alibi = np.ascontiguousarray(alibi, dtype=np.float32)
+    # --- output
+    if out is None:
+        o = np.empty((total_q, H, D), dtype=np.float32)
+    else:
+        o = out
+        if not isinstance(o, np.ndarray):
+            raise TypeError("out must be a numpy array")
+        if o.dtype != np.float32:
+            raise TypeError(f"out must be float32, got {o.dtype}")
+        if o.shape != (total_q, H, D):
+            raise ValueError(f"out must have shape {(total_q, H, D)}, got {o.shape}")
+        if not o.flags.c_contiguous or not o.flags.writeable:
+            raise ValueError("out must be C-contiguous and writeable")
+    lse = np.empty((total_q, H), dtype=np.float32) if return_lse else None
+    cdef int nthreads = resolve_num_threads(num_threads)
+    cdef int64_t chunk = operator.index(_kv_chunk)
+    cdef int rc = 0
+
+    if total_q > 0:
+        P.q = <const float *>cnp.PyArray_DATA(q)
+        P.qo_indptr = <const int64_t *>cnp.PyArray_DATA(ind64)
+        P.kv = <const char *>cnp.PyArray_DATA(kv)
+        P.dtype = dtype_code
+        P.page_stride = L * 2 * T * Hkv * D
+        P.layer_offset = lay * 2 * T * Hkv * D
+        P.block_tables = <const int32_t *>cnp.PyArray_DATA(bt32)
+        P.bt_stride = maxp
+        P.kv_lens = <const int64_t *>cnp.PyArray_DATA(lens64)
+        P.B = <int32_t>B
+        P.H = <int32_t>H
+        P.Hkv = <int32_t>Hkv
+        P.D = <int32_t>D
+        P.T = <int32_t>T
+        P.scale = fscale
+        P.soft_cap = fcap
+        P.causal = 1 if causal else 0
+        P.window_left = <int32_t>wl
+        P.alibi = <const float *>cnp.PyArray_DATA(alibi) if alibi is not None else NULL
+        P.out = <float *>cnp.PyArray_DATA(o)
+        P.lse = <float *>cnp.PyArray_DATA(lse) if lse is not None else NULL
+        P.use_simd = 0 if _force_scalar else pagedcy_use_simd()
+        P.flags = <int32_t>operator.index(_flags)
+        with nogil:
+            rc = paged_attention_nogil(&P, nthreads, chunk)
+        if rc != 0:
+            raise MemoryError("paged attention: could not allocate scratch memory")
+    if return_lse:
+        return o, lse
+    return o
+
+
+def simd_enabled():
+    """True when the AVX2/FMA/F16C kernels are in use (CPU supports them and
+    PAGEDCY_FORCE_SCALAR is not set)."""
+    return bool(pagedcy_use_simd())
+
+
+def merge_states(v_a, s_a, v_b=None, s_b=None):
+    """Merge partial attention states by log-sum-exp (FlashInfer's merge_state).
+
+    ``merge_states(v_a, s_a, v_b, s_b)`` with ``v`` float32 ``[n, heads, head_dim]``
+    and ``s`` float32 ``[n, heads]`` (natural-log lse of each partial), or
+    ``merge_states([v1, v2, ...], [s1, s2, ...])``. Returns ``(v, s)`` with
+    ``v = sum_i exp(s_i - s) v_i`` and ``s = log(sum_i exp(s_i))``; a partial
+    with ``s = -inf`` is empty and contributes nothing (all empty: v 0, s -inf).
+    Raises TypeError / ValueError on bad dtypes or mismatched shapes.
+    """
+    if isinstance(v_a, (list, tuple)):
+        if v_b is not None or s_b is not None:
+            raise TypeError("list form takes exactly two arguments: merge_states(vs, ss)")
+        vs, ss = list(v_a), list(s_a) if isinstance(s_a, (list, tuple)) else None
+        if ss is None:
+            raise TypeError("list form needs a list of lse arrays as the second argument")
+    else:
+        if v_b is None or s_b is None:
+            raise TypeError("merge_states needs v_a, s_a, v_b, s_b (or two lists)")
+        vs, ss = [v_a, v_b], [s_a, s_b]
+    if len(vs) != len(ss) or len(vs) == 0:
+        raise ValueError("need the same, non-zero number of v and s arrays")
+    va = []
+    sa = []
+    for v, s in zip(vs, ss):
+        v = np.asarray(v)
+        s = np.asarray(s)
+        if v.dtype.kind != "f" or s.dtype.kind != "f":
+            raise TypeError("v and s must be floating-point arrays")
+        va.append(np.ascontiguousarray(v, dtype=np.float32))
+        sa.append(np.ascontiguousarray(s, dtype=np.float32))
+    shape = va[0].shape
+    if len(shape) != 3:
+        raise ValueError(f"v must be 3-D [n, heads, head_dim], got shape {shape}")
+    for v, s in zip(va, sa):
+        if v.shape != shape:
+            raise ValueError(f"v shapes differ: {shape} vs {v.shape}")
+        if s.shape != shape[:2]:
+            raise ValueError(f"s must have shape {shape[:2]}, got {s.shape}")
+    cdef int k = len(va)
+    cdef int64_t rows = shape[0] * shape[1]
+    cdef int D = shape[2]
+    vout = np.empty(shape, dtype=np.float32)
+    sout = np.empty(shape[:2], dtype=np.float32)
+    ptr_v = np.zeros(k, dtype=np.intp)
+    ptr_s = np.zeros(k, dtype=np.intp)
+    for i in range(k):
+        ptr_v[i] = <Py_ssize_t>cnp.PyArray_DATA(va[i])
+        ptr_s[i] = <Py_ssize_t>cnp.PyArray_DATA(sa[i])
+    stack_v = np.empty(k, dtype=np.intp)
+    stack_s = np.empty(k, dtype=np.float32)
+    cdef const float **pv = <const float **>cnp.PyArray_DATA(stack_v)
+    cdef float *psv = <float *>cnp.PyArray_DATA(stack_s)
+    cdef Py_ssize_t *bv = <Py_ssize_t *>cnp.PyArray_DATA(ptr_v)
+    cdef Py_ssize_t *bs = <Py_ssize_t *>cnp.PyArray_DATA(ptr_s)
+    cdef float *vo = <float *>cnp.PyArray_DATA(vout)
+    cdef float *so = <float *>cnp.PyArray_DATA(sout)
+    cdef int64_t r
+    cdef int j
+    with nogil:
+        for r in range(rows):
+            for j in range(k):
+                pv[j] = (<const float *>bv[j]) + r * D
+                psv[j] = (<const float *>bs[j])[r]
+            pagedcy_merge_one(k, pv, psv, D, vo + r * D, so + r)
+    return vout, sout

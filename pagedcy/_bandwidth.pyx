@@ -1,0 +1,92 @@
+"""Memory read-bandwidth yardstick for the kernels' "% of bandwidth" figures."""
+import time
+
+import numpy as np
+cimport numpy as cnp
+from cython.parallel cimport prange
+from libc.stdint cimport int64_t
+
+from pagedcy._threads import resolve_num_threads
+
+cnp.import_array()
+
+cdef extern from *:
+    """
+    #include "pagedcy_convert.h"
+    /* Sum of n floats with 4 independent accumulators, so the loop is limited
+     * by loads rather than by the add latency. */
+    static float pagedcy_bw_sum_scalar(const float *x, long long n) {
+        float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        long long i = 0;
+        for (; i + 4 <= n; i += 4) { a0 += x[i]; a1 += x[i + 1]; a2 += x[i + 2]; a3 += x[i + 3]; }
+        for (; i < n; i++) a0 += x[i];
+        return a0 + a1 + a2 + a3;
+    }
+    #if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+    __attribute__((target("avx2,fma")))
+    static float pagedcy_bw_sum_avx2(const float *x, long long n) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        long long i = 0;
+        for (; i + 32 <= n; i += 32) {
+            a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + i));
+            a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + i + 8));
+            a2 = _mm256_add_ps(a2, _mm256_loadu_ps(x + i + 16));
+            a3 = _mm256_add_ps(a3, _mm256_loadu_ps(x + i + 24));
+        }
+        __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+        float t[8];
+        _mm256_storeu_ps(t, a);
+        float s = t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+        for (; i < n; i++) s += x[i];
+        return s;
+    }
+    #endif
+    static float pagedcy_bw_sum(const float *x, long long n) {
+    #if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+        if (pagedcy_use_simd()) return pagedcy_bw_sum_avx2(x, n);
+    #endif
+        return pagedcy_bw_sum_scalar(x, n);
+    }
+    """
+    float pagedcy_bw_sum(const float *x, long long n) noexcept nogil
+
+
+def read_bandwidth(nbytes=512 * 2**20, num_threads=None, repeats=5):
+    """Best read bandwidth in GB/s (1e9 bytes/s) over ``repeats`` passes.
+
+    Each pass sums a float32 buffer of ``nbytes`` bytes with a ``nogil``
+    ``prange`` split into contiguous per-thread chunks (AVX2 when available).
+    ``num_threads`` follows ``resolve_num_threads``. Raises ValueError for
+    ``nbytes < 4096`` or ``repeats < 1``.
+    """
+    nbytes = int(nbytes)
+    repeats = int(repeats)
+    if nbytes < 4096:
+        raise ValueError(f"nbytes must be >= 4096, got {nbytes}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    cdef int nt = resolve_num_threads(num_threads)
+    buf = np.ones(nbytes // 4, dtype=np.float32)     # touching it faults the pages in
+    cdef const float *x = <const float *>cnp.PyArray_DATA(buf)
+    cdef int64_t n = buf.shape[0]
+    cdef int64_t nchunks = nt * 16
+    cdef int64_t per = (n + nchunks - 1) // nchunks
+    cdef int64_t c, lo, hi
+    cdef double total
+    best = 0.0
+    for _ in range(repeats):
+        total = 0.0
+        t0 = time.perf_counter()
+        with nogil:
+            for c in prange(nchunks, num_threads=nt, schedule='static'):
+                lo = c * per
+                hi = lo + per
+                if hi > n:
+                    hi = n
+                if lo < hi:
+                    total += pagedcy_bw_sum(x + lo, hi - lo)
+        dt = time.perf_counter() - t0
+        if total != <double>n:       # uses the result, and checks the loop read everything
+            raise RuntimeError("read_bandwidth: checksum mismatch")
+        best = max(best, nbytes / dt / 1e9)
+    return best

@@ -1,0 +1,241 @@
+"""Paged-attention benchmark: ``python -m pagedcy bench [--quick] [--threads N] [--repeats R]``.
+
+Headline shape: 32 query heads, 8 KV heads, head_dim 128, page_size 16, pages
+in random order. Reports time (median), GB/s of K+V read (decode) or GFLOP/s
+(prefill), the share of the read bandwidth measured in the same run, and the
+speed-up over a NumPy reference (gather + batched matmul/softmax) and over
+torch's scaled_dot_product_attention on contiguous K/V (when torch imports).
+"""
+import argparse
+import gc
+import math
+import sys
+import time
+
+import numpy as np
+
+from pagedcy._attention import batch_paged_attention, simd_enabled
+from pagedcy._bandwidth import read_bandwidth
+
+H, HKV, D, T = 32, 8, 128, 16
+
+
+def _progress(msg):
+    sys.stderr.write("\r\033[K" + msg)
+    sys.stderr.flush()
+
+
+def _median_time(fn, repeats):
+    fn()                                  # warm-up (page faults, thread start)
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def _to_storage(x, dtype):
+    if dtype == "float32":
+        return x
+    if dtype == "float16":
+        return x.astype(np.float16)
+    u = x.view(np.uint32)                 # bf16 bits, round to nearest even
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _from_storage(x, dtype):
+    if dtype == "bfloat16":
+        return (x.astype(np.uint32) << 16).view(np.float32)
+    return x.astype(np.float32, copy=False)
+
+
+def make_decode(batch, kv_len, dtype, rng, q_len=1):
+    npg = -(-kv_len // T)
+    total = batch * npg
+    pages = np.empty((total, 1, 2, T, HKV, D), dtype=np.float32 if dtype == "float32" else
+                     (np.float16 if dtype == "float16" else np.uint16))
+    for i in range(0, total, 256):         # fill in slabs: no 2x peak memory
+        pages[i:i + 256] = _to_storage(
+            rng.standard_normal((min(256, total - i), 1, 2, T, HKV, D), dtype=np.float32), dtype)
+    bt = rng.permutation(total).astype(np.int32).reshape(batch, npg)
+    q = rng.standard_normal((batch * q_len, H, D), dtype=np.float32)
+    indptr = np.arange(0, batch * q_len + 1, q_len, dtype=np.int32)
+    lens = np.full(batch, kv_len, dtype=np.int32)
+    return q, indptr, pages, bt, lens
+
+
+def numpy_reference(q, indptr, pages, bt, lens, dtype, causal):
+    """Straightforward NumPy paged attention: gather, batched matmul, softmax."""
+    B = bt.shape[0]
+    q_len = q.shape[0] // B
+    kv_len = int(lens[0])
+    kv = _from_storage(pages[bt][:, :, 0], dtype)          # [B, npg, 2, T, Hkv, D]
+    kv = kv.transpose(0, 2, 4, 1, 3, 5).reshape(B, 2, HKV, -1, D)[:, :, :, :kv_len]
+    K, V = kv[:, 0], kv[:, 1]                               # [B, Hkv, L, D]
+    G = H // HKV
+    qq = q.reshape(B, q_len, HKV, G, D).transpose(0, 2, 3, 1, 4).reshape(B, HKV, G * q_len, D)
+    s = np.matmul(qq, K.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(D))
+    if causal and q_len > 1:
+        i = (kv_len - q_len + np.arange(q_len))[:, None]
+        mask = np.arange(kv_len)[None, :] > i
+        s = s.reshape(B, HKV, G, q_len, kv_len)
+        s[..., mask] = -np.inf
+        s = s.reshape(B, HKV, G * q_len, kv_len)
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    o = np.matmul(s, V)
+    return o.reshape(B, HKV, G, q_len, D).transpose(0, 3, 1, 2, 4).reshape(B * q_len, H, D)
+
+
+def torch_case(q, pages, bt, lens, dtype, causal, threads):
+    """A closure running torch SDPA on contiguous K/V, or None without torch."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None
+    B = bt.shape[0]
+    q_len = q.shape[0] // B
+    kv_len = int(lens[0])
+    kv = _from_storage(pages[bt][:, :, 0], dtype)
+    kv = kv.transpose(0, 2, 4, 1, 3, 5).reshape(B, 2, HKV, -1, D)[:, :, :, :kv_len]
+    tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    K = torch.from_numpy(np.ascontiguousarray(kv[:, 0])).to(tdt)
+    V = torch.from_numpy(np.ascontiguousarray(kv[:, 1])).to(tdt)
+    del kv
+    tq = torch.from_numpy(q.reshape(B, q_len, H, D).transpose(0, 2, 1, 3).copy()).to(tdt)
+    torch.set_num_threads(threads)
+    is_causal = bool(causal and q_len > 1)
+
+    def run():
+        with torch.no_grad():
+            return F.scaled_dot_product_attention(tq, K, V, is_causal=is_causal, enable_gqa=True)
+    try:
+        run()
+    except Exception:
+        # older torch / dtype without a CPU kernel: repeat K/V heads, compute in float32
+        K = K.float().repeat_interleave(H // HKV, dim=1)
+        V = V.float().repeat_interleave(H // HKV, dim=1)
+        tq = tq.float()
+
+        def run():
+            with torch.no_grad():
+                return F.scaled_dot_product_attention(tq, K, V, is_causal=is_causal)
+    return run
+
+
+def bench_case(name, kind, batch, kv_len, dtype, threads, repeats, rng, bw, q_len=1,
+               baselines=True):
+    _progress(f"{name}: building inputs ...")
+    q, indptr, pages, bt, lens = make_decode(batch, kv_len, dtype, rng, q_len=q_len)
+    out = np.empty_like(q)
+    causal = kind == "prefill"
+
+    def ours():
+        batch_paged_attention(q, indptr, pages, 0, bt, lens, out=out, causal=causal,
+                              num_threads=threads)
+    _progress(f"{name}: pagedcy ...")
+    t = _median_time(ours, repeats)
+    row = {"case": name, "threads": threads, "ms": t * 1e3}
+    if kind == "decode":
+        nbytes = pages.nbytes
+        row["rate"] = nbytes / t / 1e9
+        row["unit"] = "GB/s"
+        row["pct_bw"] = 100.0 * row["rate"] / bw[threads]
+    else:
+        pairs = sum(min(kv_len, kv_len - q_len + i + 1) for i in range(q_len)) * batch
+        row["rate"] = 4.0 * D * H * pairs / t / 1e9
+        row["unit"] = "GFLOP/s"
+        row["pct_bw"] = None
+    row["numpy"] = row["torch"] = None
+    if baselines:
+        _progress(f"{name}: numpy reference ...")
+        ref = numpy_reference(q, indptr, pages, bt, lens, dtype, causal)
+        err = float(np.max(np.abs(ref - out)))
+        if err > (1e-3 if dtype == "float32" else 2e-2):
+            raise RuntimeError(f"{name}: pagedcy and the NumPy reference disagree (max err {err})")
+        del ref
+        gc.collect()
+        tn = _median_time(lambda: numpy_reference(q, indptr, pages, bt, lens, dtype, causal),
+                          max(1, repeats // 2))
+        row["numpy"] = tn / t
+        _progress(f"{name}: torch sdpa ...")
+        run = torch_case(q, pages, bt, lens, dtype, causal, threads)
+        if run is not None:
+            tt = _median_time(run, repeats)
+            row["torch"] = tt / t
+        del run
+    del q, pages, out
+    gc.collect()
+    return row
+
+
+def format_table(rows, bw):
+    head = f"{'case':<34}{'thr':>4}{'time ms':>10}{'rate':>16}{'% of bw':>9}{'x numpy':>9}{'x torch':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        rate = f"{r['rate']:.1f} {r['unit']}"
+        pct = f"{r['pct_bw']:.0f}%" if r["pct_bw"] is not None else "-"
+        xn = f"{r['numpy']:.1f}x" if r["numpy"] is not None else "-"
+        xt = f"{r['torch']:.1f}x" if r["torch"] is not None else "n/a"
+        lines.append(f"{r['case']:<34}{r['threads']:>4}{r['ms']:>10.2f}{rate:>16}{pct:>9}{xn:>9}{xt:>9}")
+    lines.append("")
+    lines.append("read bandwidth (read_bandwidth, same run): "
+                 + ", ".join(f"{k} thread{'s' if k > 1 else ''} {v:.1f} GB/s" for k, v in sorted(bw.items())))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    """Run the benchmark and print one table; returns the list of result rows."""
+    ap = argparse.ArgumentParser(prog="python -m pagedcy bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes (CI smoke run)")
+    ap.add_argument("--threads", type=int, default=2, help="thread count of the multi-threaded cases")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs per case (median reported)")
+    ap.add_argument("--no-baselines", action="store_true", help="skip the NumPy / torch baselines")
+    args = ap.parse_args(argv)
+    nt = max(1, args.threads)
+    rep = max(1, args.repeats)
+    rng = np.random.default_rng(0)
+    if args.quick:
+        dec_b, dec_l, long_l, pre_l, bw_bytes = 8, 512, 4096, 256, 64 * 2**20
+    else:
+        dec_b, dec_l, long_l, pre_l, bw_bytes = 32, 2048, 32768, 1024, 512 * 2**20
+    _progress("measuring read bandwidth ...")
+    bw = {nt: read_bandwidth(bw_bytes, num_threads=nt, repeats=rep)}
+    if nt != 1:
+        bw[1] = read_bandwidth(bw_bytes, num_threads=1, repeats=rep)
+    base = not args.no_baselines
+    specs = [
+        (f"decode {dec_b}x{dec_l} fp32", "decode", dec_b, dec_l, "float32", nt, 1),
+        (f"decode {dec_b}x{dec_l} fp32", "decode", dec_b, dec_l, "float32", 1, 1),
+        (f"decode 1x{long_l} fp32", "decode", 1, long_l, "float32", nt, 1),
+        (f"decode {dec_b}x{dec_l} fp16", "decode", dec_b, dec_l, "float16", nt, 1),
+        (f"decode {dec_b}x{dec_l} bf16", "decode", dec_b, dec_l, "bfloat16", nt, 1),
+        (f"prefill causal {pre_l} fp32", "prefill", 1, pre_l, "float32", 1, pre_l),
+        (f"prefill causal {pre_l} fp32", "prefill", 1, pre_l, "float32", nt, pre_l),
+    ]
+    if nt == 1:
+        specs = [s for i, s in enumerate(specs) if i not in (1, 5)]
+    rows = []
+    for name, kind, b, l, dt, th, ql in specs:
+        rows.append(bench_case(name, kind, b, l, dt, th, rep, rng, bw, q_len=ql, baselines=base))
+    _progress("")
+    sys.stderr.write("\r\033[K")
+    print(f"pagedcy paged attention: H={H} Hkv={HKV} D={D} page_size={T}, random page order, "
+          f"SIMD={'on' if simd_enabled() else 'off'}")
+    print(format_table(rows, bw))
+    by = {(r["case"], r["threads"]): r for r in rows}
+    d2, d1 = by.get((specs[0][0], nt)), by.get((specs[0][0], 1))
+    f16 = by.get((specs[3][0], nt))
+    if d2 and f16:
+        print(f"fp16 vs fp32 decode speed-up: {d2['ms'] / f16['ms']:.2f}x")
+    p1, p2 = by.get((specs[-1][0], 1)), by.get((specs[-1][0], nt))
+    if p1 and p2 and nt > 1:
+        print(f"prefill scaling 1 -> {nt} threads: {p1['ms'] / p2['ms']:.2f}x")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+/* AVX2/FMA/F16C building blocks of the paged-attention kernel.
+ *
+ * Every function carries the target attribute, so this header compiles in a
+ * portable build; the driver only calls into it after pagedcy_use_simd().
+ * The head dimension must be a multiple of 8 (the driver checks).
+ */
+#ifndef PAGEDCY_ATTN_AVX2_H
+#define PAGEDCY_ATTN_AVX2_H
+
+#include "pagedcy_convert.h"
+#include <math.h>
+
+#if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+#define PAGEDCY_ATTN_HAVE_AVX2 1
+#define PA_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define PA_PF(p) do { if (flags & 1) _mm_prefetch((p), _MM_HINT_T1); else _mm_prefetch((p), _MM_HINT_T0); } while (0)
+#define PA_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+
+/* Eight storage-dtype values -> 8 floats. `dtype` is a literal at every call
+ * site after inlining, so the branch folds away. */
+PA_AVX2_INLINE __m256 pa_ld8(const void *base, int64_t idx, int dtype) {
+    if (dtype == PAGEDCY_F32) return _mm256_loadu_ps((const float *)base + idx);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + idx));
+    if (dtype == PAGEDCY_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* Eight dot-product accumulators -> one vector [a,b,c,d,e,f,g,h] of their
+ * sums; one transpose-add instead of eight horizontal reductions. */
+PA_AVX2_INLINE __m256 pa_hsum8(__m256 a, __m256 b, __m256 c, __m256 d,
+                               __m256 e, __m256 f, __m256 g, __m256 h) {
+    __m256 t0 = _mm256_hadd_ps(a, b), t1 = _mm256_hadd_ps(c, d);
+    __m256 t2 = _mm256_hadd_ps(e, f), t3 = _mm256_hadd_ps(g, h);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+PA_AVX2_INLINE float pa_hmax8(__m256 x) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+PA_AVX2_INLINE float pa_hadd8(__m256 x) {
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* exp for x <= 88 (Cephes polynomial, ~2 ulp). Arguments below the float
+ * range, -inf and NaN give exactly 0, which is what a masked score needs. */
+PA_AVX2_INLINE __m256 pa_exp8(__m256 x) {
+    __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33f), _CMP_GE_OQ);
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.33f));
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_and_ps(y, keep);
+}
+
+/* tanh via exp(-2|x|); near 0 that loses bits to cancellation, so a short
+ * odd Taylor series takes over for |x| < 0.125 (truncation < 3e-10). */
+PA_AVX2_INLINE __m256 pa_tanh8(__m256 x) {
+    const __m256 signmask = _mm256_set1_ps(-0.0f);
+    __m256 ax = _mm256_andnot_ps(signmask, x);
+    __m256 e = pa_exp8(_mm256_mul_ps(ax, _mm256_set1_ps(-2.0f)));
+    __m256 big = _mm256_div_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), e),
+                               _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    __m256 x2 = _mm256_mul_ps(ax, ax);
+    __m256 p = _mm256_set1_ps(-17.0f / 315.0f);
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(2.0f / 15.0f));
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-1.0f / 3.0f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, x2), ax, ax);
+    __m256 small = _mm256_cmp_ps(ax, _mm256_set1_ps(0.125f), _CMP_LT_OQ);
+    __m256 r = _mm256_blendv_ps(big, p, small);
+    return _mm256_or_ps(r, _mm256_and_ps(signmask, x));
+}
+
+/* Scores of 4 packed query rows (stride D) against tokens [tlo, thi) of one
+ * K slice (token stride ks elements): S[r*Sld + t] = q_r . k_t.
+ * 4 rows x 2 tokens per step: 6 loads feed 8 FMAs, and the eight sums are
+ * reduced together. pf, when not NULL, is the K slice the caller will work on
+ * next; its rows are prefetched alongside so the page walk's random jumps
+ * do not stall on DRAM latency. */
+PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
+                             int tlo, int thi, float *S, int Sld,
+                             const char *pf, int64_t pf_row_bytes, int flags, int dtype) {
+    const float *q0 = q, *q1 = q + D, *q2 = q + 2 * D, *q3 = q + 3 * D;
+    for (int t = tlo; t < thi; t += 2) {
+        int two = t + 1 < thi;
+        int64_t o0 = (int64_t)t * ks, o1 = two ? o0 + ks : o0;
+        if (pf) {
+            const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2;
+            const char *r0 = pf + o0 * es, *r1 = pf + (o0 + ks) * es;
+            for (int64_t b = 0; b < pf_row_bytes; b += 64) {
+                PA_PF(r0 + b);
+                if (two) PA_PF(r1 + b);
+            }
+        }
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int d = 0; d < D; d += 8) {
+            __m256 k0 = pa_ld8(K, o0 + d, dtype), k1 = pa_ld8(K, o1 + d, dtype);
+            __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d);
+            __m256 x2 = _mm256_loadu_ps(q2 + d), x3 = _mm256_loadu_ps(q3 + d);
+            a0 = _mm256_fmadd_ps(x0, k0, a0); a1 = _mm256_fmadd_ps(x0, k1, a1);
+            a2 = _mm256_fmadd_ps(x1, k0, a2); a3 = _mm256_fmadd_ps(x1, k1, a3);
+            a4 = _mm256_fmadd_ps(x2, k0, a4); a5 = _mm256_fmadd_ps(x2, k1, a5);
+            a6 = _mm256_fmadd_ps(x3, k0, a6); a7 = _mm256_fmadd_ps(x3, k1, a7);
+        }
+        __m256 r = pa_hsum8(a0, a1, a2, a3, a4, a5, a6, a7);
+        __m128 lo = _mm256_castps256_ps128(r), hi = _mm256_extractf128_ps(r, 1);
+        if (two) {
+            _mm_storel_pi((__m64 *)(S + t), lo);
+            _mm_storeh_pi((__m64 *)(S + Sld + t), lo);
+            _mm_storel_pi((__m64 *)(S + 2 * Sld + t), hi);
+            _mm_storeh_pi((__m64 *)(S + 3 * Sld + t), hi);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, r);
+            S[t] = tmp[0]; S[Sld + t] = tmp[2]; S[2 * Sld + t] = tmp[4]; S[3 * Sld + t] = tmp[6];
+        }
+    }
+}
+
+/* O[r] = O[r]*alpha[r] + sum_{t in [tlo,thi)} P[r][t] V[t] for 4 rows.
+ * A 16-float slice of the 4 output rows (8 accumulators) stays in registers
+ * across the tokens; each V load is shared by the 4 rows. */
+PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P, int Sld,
+                             const void *V, int64_t vs, int tlo, int thi,
+                             const char *pf, int64_t pf_row_bytes, int pf_rows, int flags, int dtype) {
+    const float *p0 = P, *p1 = P + Sld, *p2 = P + 2 * Sld, *p3 = P + 3 * Sld;
+    float *O0 = O, *O1 = O + D, *O2 = O + 2 * D, *O3 = O + 3 * D;
+    __m256 al0 = _mm256_set1_ps(alpha[0]), al1 = _mm256_set1_ps(alpha[1]);
+    __m256 al2 = _mm256_set1_ps(alpha[2]), al3 = _mm256_set1_ps(alpha[3]);
+    const int64_t pf_stride = vs * (dtype == PAGEDCY_F32 ? 4 : 2);
+    int pfr = 0;
+    int d = 0;
+    for (; d + 16 <= D; d += 16) {
+        if (pf) {
+            /* spread the next slice's prefetches over the d-chunks */
+            int end = pf_rows * (d + 16) / D;
+            for (; pfr < end; pfr++)
+                for (int64_t b = 0; b < pf_row_bytes; b += 64) PA_PF(pf + pfr * pf_stride + b);
+        }
+        __m256 c00 = _mm256_mul_ps(_mm256_loadu_ps(O0 + d), al0), c01 = _mm256_mul_ps(_mm256_loadu_ps(O0 + d + 8), al0);
+        __m256 c10 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d), al1), c11 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d + 8), al1);
+        __m256 c20 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d), al2), c21 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d + 8), al2);
+        __m256 c30 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d), al3), c31 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d + 8), al3);
+        for (int t = tlo; t < thi; t++) {
+            int64_t o = (int64_t)t * vs + d;
+            __m256 v0 = pa_ld8(V, o, dtype), v1 = pa_ld8(V, o + 8, dtype);
+            __m256 b;
+            b = _mm256_broadcast_ss(p0 + t); c00 = _mm256_fmadd_ps(b, v0, c00); c01 = _mm256_fmadd_ps(b, v1, c01);
+            b = _mm256_broadcast_ss(p1 + t); c10 = _mm256_fmadd_ps(b, v0, c10); c11 = _mm256_fmadd_ps(b, v1, c11);
+            b = _mm256_broadcast_ss(p2 + t); c20 = _mm256_fmadd_ps(b, v0, c20); c21 = _mm256_fmadd_ps(b, v1, c21);
+            b = _mm256_broadcast_ss(p3 + t); c30 = _mm256_fmadd_ps(b, v0, c30); c31 = _mm256_fmadd_ps(b, v1, c31);
+        }
+        _mm256_storeu_ps(O0 + d, c00); _mm256_storeu_ps(O0 + d + 8, c01);
+        _mm256_storeu_ps(O1 + d, c10); _mm256_storeu_ps(O1 + d + 8, c11);
+        _mm256_storeu_ps(O2 + d, c20); _mm256_storeu_ps(O2 + d + 8, c21);
+        _mm256_storeu_ps(O3 + d, c30); _mm256_storeu_ps(O3 + d + 8, c31);
+    }
+    if (pf)
+        for (; pfr < pf_rows; pfr++)
+            for (int64_t b = 0; b < pf_row_bytes; b += 64) PA_PF(pf + pfr * pf_stride + b);
+    if (d < D) {   /* D % 16 == 8 */
+        __m256 c0 = _mm256_mul_ps(_mm256_loadu_ps(O0 + d), al0);
+        __m256 c1 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d), al1);
+        __m256 c2 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d), al2);
+        __m256 c3 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d), al3);
+        for (int t = tlo; t < thi; t++) {
+            __m256 v0 = pa_ld8(V, (int64_t)t * vs + d, dtype);
+            c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + t), v0, c0);
+            c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + t), v0, c1);
+            c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2 + t), v0, c2);
+            c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(p3 + t), v0, c3);
+        }
+        _mm256_storeu_ps(O0 + d, c0); _mm256_storeu_ps(O1 + d, c1);
+        _mm256_storeu_ps(O2 + d, c2); _mm256_storeu_ps(O3 + d, c3);
+    }
+}
+
+PA_AVX2 static void pa_qk4_avx2(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,
+                                float *S, int Sld, const char *pf, int64_t pf_row_bytes, int flags, int dtype) {
+    if (dtype == PAGEDCY_F32) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_F32);
+    else if (dtype == PAGEDCY_F16) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_F16);
+    else pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_BF16);
+}
+
+PA_AVX2 static void pa_pv4_avx2(float *O, int D, const float *alpha, const float *P, int Sld,
+                                const void *V, int64_t vs, int tlo, int thi,
+                                const char *pf, int64_t pf_row_bytes, int pf_rows, int flags, int dtype) {
+    if (dtype == PAGEDCY_F32) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_F32);
+    else if (dtype == PAGEDCY_F16) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_F16);
+    else pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_BF16);
+}
+
+/* One row's online-softmax step over S[tb, te) (tb multiple of 8, te <= Sld
+ * rounded to 8): apply soft cap and ALiBi, mask outside [vlo, vhi], update
+ * (m, l), overwrite S with p = exp(s - m_new) (0 where masked), return the
+ * rescale factor for the row's running output. */
+PA_AVX2 static float pa_softmax_row_avx2(float *s, int tb, int te, int vlo, int vhi,
+                                         float cap, float slope, float pos0, float *m, float *l) {
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i lo = _mm256_set1_epi32(vlo - 1), hi = _mm256_set1_epi32(vhi + 1);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 vmax = ninf;
+    for (int t = tb; t < te; t += 8) {
+        __m256 x = _mm256_loadu_ps(s + t);
+        __m256i ti = _mm256_add_epi32(iota, _mm256_set1_epi32(t));
+        if (cap > 0.0f)
+            x = _mm256_mul_ps(_mm256_set1_ps(cap), pa_tanh8(_mm256_mul_ps(x, _mm256_set1_ps(1.0f / cap))));
+        if (slope != 0.0f)
+            x = _mm256_fmadd_ps(_mm256_set1_ps(slope),
+                                _mm256_add_ps(_mm256_cvtepi32_ps(ti), _mm256_set1_ps(pos0)), x);
+        __m256i vis = _mm256_and_si256(_mm256_cmpgt_epi32(ti, lo), _mm256_cmpgt_epi32(hi, ti));
+        x = _mm256_blendv_ps(ninf, x, _mm256_castsi256_ps(vis));
+        _mm256_storeu_ps(s + t, x);
+        vmax = _mm256_max_ps(vmax, x);
+    }
+    float mnew = pa_hmax8(vmax);
+    if (*m > mnew) mnew = *m;
+    float alpha = expf(*m - mnew);
+    __m256 mv = _mm256_set1_ps(mnew), acc = _mm256_setzero_ps();
+    for (int t = tb; t < te; t += 8) {
+        __m256 p = pa_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
+        _mm256_storeu_ps(s + t, p);
+        acc = _mm256_add_ps(acc, p);
+    }
+    *l = *l * alpha + pa_hadd8(acc);
+    *m = mnew;
+    return alpha;
+}
+
+PA_AVX2 static void pa_pack_row_avx2(float *dst, const void *src, int D, int dtype) {
+    if (dtype == PAGEDCY_F32) {
+        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, pa_ld8(src, d, PAGEDCY_F32));
+    } else if (dtype == PAGEDCY_F16) {
+        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, pa_ld8(src, d, PAGEDCY_F16));
+    } else {
+        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, pa_ld8(src, d, PAGEDCY_BF16));
+    }
+}
+
+PA_AVX2 static void pa_scale_copy_avx2(float *dst, const float *src, int n, float scale) {
+    int i = 0;
+    __m256 s = _mm256_set1_ps(scale);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_loadu_ps(src + i), s));
+    for (; i < n; i++) dst[i] = src[i] * scale;
+}
+
+#endif /* x86 */
+#endif

@@ -1,0 +1,214 @@
+/* One work item of the paged-attention kernel: a block of query rows of one
+ * sequence, for a run of KV heads, over a range of KV tokens.
+ *
+ * Included twice by pagedcy_attention.h (no include guard): once with the
+ * scalar helpers and once with the AVX2 ones, so both paths share every line
+ * of the bookkeeping (visibility, page walk, finalisation) and can only differ
+ * in floating-point rounding.  Expects PA_SFX(name), PA_FN_ATTR and PA_SIMD.
+ *
+ * Query vectors of the item are numbered v = row * G + head_in_group and
+ * padded to a multiple of 4 (the micro-kernels' M block); pad rows are zero
+ * and never active, so they cost a little compute and nothing else.
+ */
+
+PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const pagedcy_attn_item *it,
+                                           float *ws, float *part_o, float *part_lse) {
+    const int G = P->H / P->Hkv, D = P->D, T = P->T;
+    const int ng = it->ng, M = it->nr * G, Mp = (M + 3) & ~3, nblk = Mp / 4;
+    const int Sld = (T + 7) & ~7;
+    const int64_t kv_dim = (int64_t)P->Hkv * D;
+    const int64_t q_start = P->qo_indptr[it->b];
+    const int64_t q_len = P->qo_indptr[it->b + 1] - q_start;
+    const int64_t kv_len = P->kv_lens[it->b];
+    const int64_t delta = kv_len - q_len;            /* i_abs = delta + row */
+    const int es = P->dtype == PAGEDCY_F32 ? 4 : 2;
+    const int64_t row_bytes = (int64_t)D * es;
+
+    pagedcy_attn_ws W;
+    pagedcy_attn_ws_layout(&W, ws, ng, Mp, D, T);
+
+    /* Pack the item's query vectors, pre-scaled: the score is then a plain dot. */
+    for (int gi = 0; gi < ng; gi++) {
+        float *qd = W.qp + (int64_t)gi * Mp * D;
+        for (int v = 0; v < Mp; v++) {
+            float *dst = qd + (int64_t)v * D;
+            if (v >= M) { memset(dst, 0, sizeof(float) * D); continue; }
+            int r = v / G, hh = v % G;
+            const float *src = P->q + ((q_start + it->r0 + r) * P->H + (int64_t)(it->g0 + gi) * G + hh) * D;
+#if PA_SIMD
+            pa_scale_copy_avx2(dst, src, D, P->scale);
+#else
+            for (int d = 0; d < D; d++) dst[d] = src[d] * P->scale;
+#endif
+        }
+    }
+    memset(W.O, 0, sizeof(float) * (size_t)ng * Mp * D);
+    for (int i = 0; i < ng * Mp; i++) { W.m[i] = -INFINITY; W.l[i] = 0.0f; }
+
+    /* Absolute visible range of each row; both ends grow with the row. */
+    for (int r = 0; r < it->nr; r++) {
+        int64_t ia = delta + it->r0 + r;
+        int64_t hi = P->causal ? (ia < kv_len - 1 ? ia : kv_len - 1) : kv_len - 1;
+        int64_t lo = P->window_left >= 0 ? ia - P->window_left : 0;
+        if (lo < it->t0) lo = it->t0;
+        if (hi > it->t1 - 1) hi = it->t1 - 1;
+        W.rlo[r] = lo; W.rhi[r] = hi;
+    }
+    int64_t lo_it = W.rlo[0], hi_it = W.rhi[0];
+    for (int r = 1; r < it->nr; r++) {
+        if (W.rlo[r] < lo_it) lo_it = W.rlo[r];
+        if (W.rhi[r] > hi_it) hi_it = W.rhi[r];
+    }
+
+    if (lo_it <= hi_it) {
+        const int64_t p_first = lo_it / T, p_last = hi_it / T;
+        const int32_t *bt = P->block_tables + (int64_t)it->b * P->bt_stride;
+        for (int64_t p = p_first; p <= p_last; p++) {
+            const int64_t tok0 = p * T;
+            const int nt = (int)(kv_len - tok0 < T ? kv_len - tok0 : T);
+            const char *page = P->kv + ((int64_t)bt[p] * P->page_stride + P->layer_offset) * es;
+            const char *next_page = p < p_last
+                ? P->kv + ((int64_t)bt[p + 1] * P->page_stride + P->layer_offset) * es : NULL;
+
+            /* page-local visible [vlo, vhi] per row and the union per 4-block */
+            for (int b4 = 0; b4 < nblk; b4++) { W.blo[b4] = T; W.bhi[b4] = 0; }
+            for (int v = 0; v < Mp; v++) {
+                int vlo = 1, vhi = 0;
+                if (v < M) {
+                    int r = v / G;
+                    int64_t a = W.rlo[r] > tok0 ? W.rlo[r] - tok0 : 0;
+                    int64_t z = W.rhi[r] - tok0;
+                    if (z > nt - 1) z = nt - 1;
+                    if (a <= z) { vlo = (int)a; vhi = (int)z; }
+                }
+                W.vlo[v] = vlo; W.vhi[v] = vhi;
+                if (vlo <= vhi) {
+                    if (vlo < W.blo[v / 4]) W.blo[v / 4] = vlo;
+                    if (vhi + 1 > W.bhi[v / 4]) W.bhi[v / 4] = vhi + 1;
+                }
+            }
+
+            for (int gi = 0; gi < ng; gi++) {
+                const int64_t hoff = (int64_t)(it->g0 + gi) * D * es;
+                const char *Kg = page + hoff;
+                const char *Vg = page + (int64_t)T * kv_dim * es + hoff;
+                /* Prefetch this head's slice of the next page: a whole page of
+                 * work ahead, enough to cover DRAM latency when the walk jumps. */
+                const char *pfK = NULL, *pfV = NULL;
+                if (P->flags & 2) {
+                    if (gi + 1 < ng) { pfK = Kg + row_bytes; pfV = Vg + row_bytes; }
+                    else if (next_page) {
+                        pfK = next_page + (int64_t)it->g0 * D * es;
+                        pfV = next_page + ((int64_t)T * kv_dim + (int64_t)it->g0 * D) * es;
+                    }
+                } else if (next_page) {
+                    pfK = next_page + hoff;
+                    pfV = next_page + (int64_t)T * kv_dim * es + hoff;
+                }
+                const float *qg = W.qp + (int64_t)gi * Mp * D;
+                float *Og = W.O + (int64_t)gi * Mp * D;
+                float *mg = W.m + gi * Mp, *lg = W.l + gi * Mp;
+#if !PA_SIMD
+                const float *Kf = (const float *)Kg, *Vf = (const float *)Vg;
+                int64_t kst = kv_dim;
+                if (P->dtype != PAGEDCY_F32) {
+                    for (int t = 0; t < nt; t++) {
+                        pagedcy_load_to_f32(P->dtype, W.kbuf + (int64_t)t * D, Kg + (int64_t)t * kv_dim * es, D);
+                        pagedcy_load_to_f32(P->dtype, W.vbuf + (int64_t)t * D, Vg + (int64_t)t * kv_dim * es, D);
+                    }
+                    Kf = W.kbuf; Vf = W.vbuf; kst = D;
+                }
+#endif
+#if PA_SIMD
+                /* Several 4-row blocks reuse this slice: copy it once to a
+                 * contiguous float32 buffer. Token rows in the pool sit kv_dim
+                 * apart (often 4 KiB), so the raw slice maps onto a few L1
+                 * sets and would be refetched from L2 by every block. */
+                const void *Ks = Kg, *Vs = Vg;
+                int64_t kst = kv_dim;
+                int kdt = P->dtype;
+                if (nblk > 1 && !(P->flags & 4)) {
+                    for (int t = 0; t < nt; t++) {
+                        pa_pack_row_avx2(W.kbuf + (int64_t)t * D, Kg + (int64_t)t * kv_dim * es, D, P->dtype);
+                        pa_pack_row_avx2(W.vbuf + (int64_t)t * D, Vg + (int64_t)t * kv_dim * es, D, P->dtype);
+                    }
+                    if (pfK) {
+                        for (int t = 0; t < nt; t++)
+                            for (int64_t bb = 0; bb < 2 * row_bytes; bb += 64)
+                                _mm_prefetch((bb < row_bytes ? pfK + bb : pfV + bb - row_bytes) + (int64_t)t * kv_dim * es,
+                                             _MM_HINT_T1);
+                        pfK = pfV = NULL;
+                    }
+                    Ks = W.kbuf; Vs = W.vbuf; kst = D; kdt = PAGEDCY_F32;
+                }
+#endif
+                int first = 1;
+                for (int b4 = 0; b4 < nblk; b4++) {
+                    if (W.blo[b4] >= W.bhi[b4]) continue;
+#if PA_SIMD
+                    pa_qk4_avx2(qg + (int64_t)b4 * 4 * D, D, Ks, kst, W.blo[b4], W.bhi[b4],
+                                W.S + (int64_t)b4 * 4 * Sld, Sld, first ? pfK : NULL, row_bytes, P->flags, kdt);
+#else
+                    pa_qk4_scalar(qg + (int64_t)b4 * 4 * D, D, Kf, kst, W.blo[b4], W.bhi[b4],
+                                  W.S + (int64_t)b4 * 4 * Sld, Sld);
+#endif
+                    int tb = W.blo[b4] & ~7, te = (W.bhi[b4] + 7) & ~7;
+                    for (int v = b4 * 4; v < b4 * 4 + 4; v++) {
+                        float *s = W.S + (int64_t)v * Sld;
+                        if (W.vlo[v] > W.vhi[v]) {
+                            W.alpha[v] = 1.0f;
+                            for (int t = tb; t < te; t++) s[t] = 0.0f;
+                            continue;
+                        }
+                        int r = v / G, h = (it->g0 + gi) * G + v % G;
+                        float slope = P->alibi ? P->alibi[h] : 0.0f;
+                        float pos0 = (float)(tok0 - (delta + it->r0 + r));
+#if PA_SIMD
+                        W.alpha[v] = pa_softmax_row_avx2(s, tb, te, W.vlo[v], W.vhi[v], P->soft_cap,
+                                                         slope, pos0, mg + v, lg + v);
+#else
+                        W.alpha[v] = pa_softmax_row_scalar(s, tb, te, W.vlo[v], W.vhi[v], P->soft_cap,
+                                                           slope, pos0, mg + v, lg + v);
+#endif
+                    }
+#if PA_SIMD
+                    pa_pv4_avx2(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld, Sld,
+                                Vs, kst, W.blo[b4], W.bhi[b4], first ? pfV : NULL,
+                                row_bytes, T, P->flags, kdt);
+#else
+                    pa_pv4_scalar(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld,
+                                  Sld, Vf, kst, W.blo[b4], W.bhi[b4]);
+#endif
+                    first = 0;
+                }
+            }
+        }
+    }
+
+    /* Normalise and write either the final output or this split's partial. */
+    for (int gi = 0; gi < ng; gi++) {
+        for (int v = 0; v < M; v++) {
+            const int r = v / G, hh = v % G;
+            const float *o = W.O + ((int64_t)gi * Mp + v) * D;
+            float lval = W.l[gi * Mp + v], mval = W.m[gi * Mp + v];
+            float inv = lval > 0.0f ? 1.0f / lval : 0.0f;
+            float lse = lval > 0.0f ? mval + logf(lval) : -INFINITY;
+            float *dst;
+            float *lse_dst;
+            if (it->po_off >= 0) {
+                dst = part_o + it->po_off + ((int64_t)gi * M + v) * D;
+                lse_dst = part_lse + it->pl_off + (int64_t)gi * M + v;
+            } else {
+                int64_t row = (q_start + it->r0 + r) * P->H + (int64_t)(it->g0 + gi) * G + hh;
+                dst = P->out + row * D;
+                lse_dst = P->lse ? P->lse + row : NULL;
+            }
+#if PA_SIMD
+            pa_scale_copy_avx2(dst, o, D, inv);
+#else
+            for (int d = 0; d < D; d++) dst[d] = o[d] * inv;
+#endif
+            if (lse_dst) *lse_dst = lse;
+        }
+    }
+}

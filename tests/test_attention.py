@@ -1,0 +1,397 @@
+"""Correctness tests of pagedcy._attention against a float64 NumPy reference."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pagedcy._attention import batch_paged_attention, merge_states, simd_enabled
+from pagedcy._bandwidth import read_bandwidth
+
+sys.path.insert(0, os.path.dirname(__file__))
+from attn_helpers import bf16_round, make_batch, reference  # noqa: E402
+
+TOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-3}
+
+
+def run_case(rng, *, q_lens, kv_lens, H, Hkv, D, T, dtype="float32", causal=True,
+             window_left=-1, soft_cap=0.0, alibi=False, scale=None, **kw):
+    q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=q_lens, kv_lens=kv_lens, num_heads=H,
+                                             num_kv_heads=Hkv, head_dim=D, page_size=T, dtype=dtype)
+    slopes = (rng.uniform(0.01, 0.5, H).astype(np.float32)) if alibi else None
+    o, lse = batch_paged_attention(q, ind, pages, 1, bt, kl, causal=causal, window_left=window_left,
+                                   soft_cap=soft_cap, alibi_slopes=slopes, scale=scale,
+                                   return_lse=True, **kw)
+    ro, rl = reference(q, ind, K, V, causal=causal, window_left=window_left, soft_cap=soft_cap,
+                       alibi=slopes, scale=scale)
+    tol = TOL[dtype]
+    assert o.dtype == np.float32 and o.shape == q.shape
+    assert lse.dtype == np.float32 and lse.shape == q.shape[:2]
+    np.testing.assert_allclose(o, ro, rtol=tol, atol=tol)
+    np.testing.assert_allclose(lse, rl, rtol=tol, atol=tol)
+    return o, lse
+
+
+# --- shapes, GQA ratios, head dims ---------------------------------------
+
+@pytest.mark.parametrize("H,Hkv", [(4, 4), (8, 4), (8, 2), (16, 2), (8, 1), (32, 8)])
+@pytest.mark.parametrize("D", [64, 80, 96, 128, 256])
+def test_gqa_head_dims(H, Hkv, D):
+    rng = np.random.default_rng(H * 1000 + Hkv * 10 + D)
+    run_case(rng, q_lens=[1, 1, 5, 1], kv_lens=[1, 15, 40, 129], H=H, Hkv=Hkv, D=D, T=16)
+
+
+@pytest.mark.parametrize("T", [1, 3, 16, 32])
+@pytest.mark.parametrize("causal", [True, False])
+def test_kv_len_edges(T, causal):
+    rng = np.random.default_rng(T)
+    lens = [1, max(T - 1, 1), T, T + 1, 7 * T + 3, 300]
+    run_case(rng, q_lens=[1] * len(lens), kv_lens=lens, H=8, Hkv=2, D=64, T=T, causal=causal)
+    run_case(rng, q_lens=[min(3, n) for n in lens], kv_lens=lens, H=8, Hkv=2, D=64, T=T,
+             causal=causal)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_mixed_decode_prefill(causal):
+    rng = np.random.default_rng(7)
+    run_case(rng, q_lens=[1, 37, 1, 0, 130, 2], kv_lens=[50, 37, 1, 0, 200, 2], H=8, Hkv=2, D=64,
+             T=16, causal=causal)
+
+
+@pytest.mark.parametrize("H,Hkv", [(4, 4), (8, 2), (32, 1)])
+def test_prefill_long(H, Hkv):
+    rng = np.random.default_rng(11)
+    run_case(rng, q_lens=[300], kv_lens=[300], H=H, Hkv=Hkv, D=64, T=16)
+    run_case(rng, q_lens=[100], kv_lens=[333], H=H, Hkv=Hkv, D=64, T=16, causal=False)
+
+
+# --- score modifiers --------------------------------------------------------
+
+@pytest.mark.parametrize("window_left", [0, 1, 5, 16, 40, 1000])
+@pytest.mark.parametrize("causal", [True, False])
+def test_window(window_left, causal):
+    rng = np.random.default_rng(window_left)
+    run_case(rng, q_lens=[1, 20, 70], kv_lens=[100, 20, 90], H=8, Hkv=2, D=64, T=16,
+             causal=causal, window_left=window_left)
+
+
+@pytest.mark.parametrize("soft_cap", [0.5, 5.0, 30.0])
+def test_soft_cap(soft_cap):
+    rng = np.random.default_rng(3)
+    # large scale so the cap actually bends scores, including near-zero ones
+    run_case(rng, q_lens=[1, 9], kv_lens=[77, 40], H=8, Hkv=4, D=64, T=16, soft_cap=soft_cap,
+             scale=0.5)
+    run_case(rng, q_lens=[1, 9], kv_lens=[77, 40], H=8, Hkv=4, D=64, T=16, soft_cap=soft_cap,
+             scale=1e-3)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_alibi(causal):
+    rng = np.random.default_rng(5)
+    run_case(rng, q_lens=[1, 33, 4], kv_lens=[90, 33, 60], H=8, Hkv=2, D=64, T=16, causal=causal,
+             alibi=True)
+
+
+def test_all_modifiers_together():
+    rng = np.random.default_rng(9)
+    run_case(rng, q_lens=[1, 25, 3], kv_lens=[90, 60, 3], H=16, Hkv=4, D=96, T=8, alibi=True,
+             soft_cap=20.0, window_left=12, scale=0.2)
+
+
+def test_custom_scale():
+    rng = np.random.default_rng(13)
+    run_case(rng, q_lens=[2, 1], kv_lens=[50, 10], H=4, Hkv=2, D=64, T=16, scale=-0.3)
+
+
+# --- storage dtypes -----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("D", [64, 80, 128])
+def test_half_storage(dtype, D):
+    rng = np.random.default_rng(D)
+    run_case(rng, q_lens=[1, 1, 17], kv_lens=[5, 100, 40], H=8, Hkv=2, D=D, T=16, dtype=dtype)
+    run_case(rng, q_lens=[1, 1, 17], kv_lens=[5, 100, 40], H=8, Hkv=2, D=D, T=16, dtype=dtype,
+             _force_scalar=True)
+
+
+def test_ml_dtypes_bfloat16():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(1)
+    q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=[1, 4], kv_lens=[30, 20], num_heads=4,
+                                             num_kv_heads=2, head_dim=64, page_size=16,
+                                             dtype="bfloat16")
+    o1 = batch_paged_attention(q, ind, pages, 1, bt, kl)
+    o2 = batch_paged_attention(q, ind, pages.view(ml_dtypes.bfloat16), 1, bt, kl)
+    np.testing.assert_array_equal(o1, o2)
+
+
+# --- execution strategies agree -------------------------------------------------
+
+@pytest.mark.parametrize("chunk", [-1, 16, 32, 48, 1000])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kv_split_and_threads(chunk, threads):
+    rng = np.random.default_rng(chunk + 100 * threads)
+    for causal in (True, False):
+        run_case(rng, q_lens=[1, 1, 70, 3], kv_lens=[300, 16, 200, 70], H=8, Hkv=2, D=64, T=16,
+                 causal=causal, window_left=-1 if causal else 50, num_threads=threads,
+                 _kv_chunk=chunk)
+
+
+def test_auto_split_single_long_sequence():
+    rng = np.random.default_rng(21)
+    run_case(rng, q_lens=[1], kv_lens=[5000], H=8, Hkv=2, D=64, T=16, num_threads=2)
+    run_case(rng, q_lens=[2], kv_lens=[3001], H=4, Hkv=4, D=64, T=16, num_threads=2)
+
+
+@pytest.mark.parametrize("D", [64, 80, 20])
+def test_scalar_matches_simd(D):
+    rng = np.random.default_rng(D)
+    q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=[1, 30, 2], kv_lens=[70, 30, 90],
+                                             num_heads=8, num_kv_heads=2, head_dim=D, page_size=16)
+    kw = dict(alibi_slopes=np.linspace(0.1, 0.3, 8, dtype=np.float32), soft_cap=10.0, window_left=40)
+    a, la = batch_paged_attention(q, ind, pages, 1, bt, kl, return_lse=True, **kw)
+    b, lb = batch_paged_attention(q, ind, pages, 1, bt, kl, return_lse=True, _force_scalar=True, **kw)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(la, lb, rtol=1e-5, atol=1e-5)
+    ro, rl = reference(q, ind, K, V, alibi=kw["alibi_slopes"], soft_cap=10.0, window_left=40)
+    np.testing.assert_allclose(b, ro, rtol=1e-5, atol=1e-5)
+
+
+def test_force_scalar_env_subprocess():
+    code = (
+        "import sys, numpy as np; sys.path.insert(0, %r)\n"
+        "from attn_helpers import make_batch, reference\n"
+        "from pagedcy._attention import batch_paged_attention, simd_enabled\n"
+        "assert not simd_enabled()\n"
+        "rng = np.random.default_rng(0)\n"
+        "q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=[1, 9], kv_lens=[50, 20], num_heads=8,"
+        " num_kv_heads=2, head_dim=64, page_size=16, dtype='float16')\n"
+        "o = batch_paged_attention(q, ind, pages, 1, bt, kl)\n"
+        "ro, _ = reference(q, ind, K, V)\n"
+        "np.testing.assert_allclose(o, ro, rtol=1e-3, atol=1e-3)\n"
+        "print('ok')\n" % os.path.dirname(__file__))
+    env = dict(os.environ, PAGEDCY_FORCE_SCALAR="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+# --- API details ---------------------------------------------------------------
+
+def test_out_argument_and_return_forms():
+    rng = np.random.default_rng(2)
+    q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=[1, 3], kv_lens=[20, 10], num_heads=4,
+                                             num_kv_heads=2, head_dim=64, page_size=16)
+    out = np.full(q.shape, 7.0, dtype=np.float32)
+    r = batch_paged_attention(q, ind, pages, 1, bt, kl, out=out)
+    assert r is out
+    ro, _ = reference(q, ind, K, V)
+    np.testing.assert_allclose(out, ro, rtol=1e-5, atol=1e-5)
+    # float64 / float16 queries are converted
+    r64 = batch_paged_attention(q.astype(np.float64), ind, pages, 1, bt, kl.astype(np.int64))
+    np.testing.assert_allclose(r64, ro, rtol=1e-5, atol=1e-5)
+    # non-contiguous query is copied
+    qn = np.repeat(q, 2, axis=2)[:, :, ::2]
+    np.testing.assert_allclose(batch_paged_attention(qn, ind, pages, 1, bt, kl), ro,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_empty_inputs():
+    rng = np.random.default_rng(4)
+    q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=[0, 2, 0], kv_lens=[0, 5, 7], num_heads=4,
+                                             num_kv_heads=2, head_dim=64, page_size=16)
+    o, l = batch_paged_attention(q, ind, pages, 1, bt, kl, return_lse=True)
+    ro, rl = reference(q, ind, K, V)
+    np.testing.assert_allclose(o, ro, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(l, rl, rtol=1e-5, atol=1e-5)
+    # no queries at all
+    e = batch_paged_attention(np.zeros((0, 4, 64), np.float32), np.zeros(1, np.int32), pages, 1,
+                              np.zeros((0, 4), np.int32), np.zeros(0, np.int32))
+    assert e.shape == (0, 4, 64)
+
+
+def test_lse_matches_reference_and_merge_split_halves():
+    rng = np.random.default_rng(6)
+    H, Hkv, D, T = 8, 2, 64, 16
+    q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=[1, 1], kv_lens=[160, 97], num_heads=H,
+                                             num_kv_heads=Hkv, head_dim=D, page_size=T)
+    full, lfull = batch_paged_attention(q, ind, pages, 1, bt, kl, causal=False, return_lse=True)
+    # first half: the first 3 pages of each sequence; second half: the rest,
+    # via a block table that starts later (positions only matter for the mask)
+    cut = 3 * T
+    bt2 = np.full_like(bt, -1)
+    n2 = [(n - cut + T - 1) // T for n in kl]
+    for b in range(2):
+        bt2[b, :n2[b]] = bt[b, 3:3 + n2[b]]
+    va, sa = batch_paged_attention(q, ind, pages, 1, bt, np.array([cut, cut], np.int32),
+                                   causal=False, return_lse=True)
+    vb, sb = batch_paged_attention(q, ind, pages, 1, bt2, kl - cut, causal=False, return_lse=True)
+    v, s = merge_states(va, sa, vb, sb)
+    np.testing.assert_allclose(v, full, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(s, lfull, rtol=1e-5, atol=1e-5)
+    v2, s2 = merge_states([va, vb], [sa, sb])
+    np.testing.assert_allclose(v2, v, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(s2, s, rtol=1e-6, atol=1e-6)
+
+
+def test_merge_states_empty_partials():
+    rng = np.random.default_rng(8)
+    v = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    s = rng.standard_normal((3, 2)).astype(np.float32)
+    empty_v = np.full_like(v, np.nan)      # an empty partial's values must not leak
+    empty_s = np.full_like(s, -np.inf)
+    mv, ms = merge_states(v, s, empty_v, empty_s)
+    np.testing.assert_allclose(mv, v, rtol=1e-6)
+    np.testing.assert_allclose(ms, s, rtol=1e-6)
+    mv, ms = merge_states(empty_v, empty_s, empty_v, empty_s)
+    assert np.all(mv == 0) and np.all(ms == -np.inf)
+    # three-way merge equals the closed form
+    vs = [rng.standard_normal((3, 2, 8)).astype(np.float32) for _ in range(3)]
+    ss = [rng.standard_normal((3, 2)).astype(np.float32) for _ in range(3)]
+    mv, ms = merge_states(vs, ss)
+    stot = np.logaddexp.reduce(np.stack(ss).astype(np.float64), axis=0)
+    want = sum(np.exp(si - stot)[..., None] * vi for si, vi in zip(ss, vs))
+    np.testing.assert_allclose(ms, stot, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(mv, want, rtol=1e-5, atol=1e-6)
+
+
+def test_merge_states_errors():
+    v = np.zeros((2, 3, 4), np.float32)
+    s = np.zeros((2, 3), np.float32)
+    with pytest.raises(ValueError):
+        merge_states(v, s, v[:1], s[:1])
+    with pytest.raises(ValueError):
+        merge_states(v, s[:, :2], v, s)
+    with pytest.raises(TypeError):
+        merge_states(v.astype(np.int32), s, v, s)
+    with pytest.raises(TypeError):
+        merge_states(v, s)
+    with pytest.raises(ValueError):
+        merge_states([v, v], [s])
+
+
+def test_read_bandwidth():
+    bw = read_bandwidth(nbytes=8 * 2**20, num_threads=1, repeats=2)
+    assert bw > 0.1
+    with pytest.raises(ValueError):
+        read_bandwidth(nbytes=10)
+    with pytest.raises(ValueError):
+        read_bandwidth(repeats=0)
+
+
+# --- validation -------------------------------------------------------------------
+
+@pytest.fixture
+def good():
+    rng = np.random.default_rng(0)
+    q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=[1, 2], kv_lens=[20, 5], num_heads=4,
+                                             num_kv_heads=2, head_dim=64, page_size=16,
+                                             extra_pages=0)
+    return dict(query=q, qo_indptr=ind, kv_pages=pages, layer=1, block_tables=bt, kv_lens=kl)
+
+
+def _call(args, **kw):
+    a = dict(args)
+    a.update(kw)
+    return batch_paged_attention(a.pop("query"), a.pop("qo_indptr"), a.pop("kv_pages"),
+                                 a.pop("layer"), a.pop("block_tables"), a.pop("kv_lens"), **a)
+
+
+def test_good_call_runs(good):
+    assert np.all(np.isfinite(_call(good)))
+
+
+@pytest.mark.parametrize("mutate,exc", [
+    (lambda g: dict(query=g["query"].astype(np.int32)), TypeError),
+    (lambda g: dict(query=g["query"][0]), ValueError),
+    (lambda g: dict(query=g["query"][:, :, :32]), ValueError),                 # head_dim mismatch
+    (lambda g: dict(query=np.zeros((3, 3, 64), np.float32)), ValueError),       # 3 % 2 heads
+    (lambda g: dict(kv_pages=g["kv_pages"].astype(np.float64)), TypeError),
+    (lambda g: dict(kv_pages=np.zeros(g["kv_pages"].shape, np.int16)), TypeError),
+    (lambda g: dict(kv_pages=g["kv_pages"][0]), ValueError),
+    (lambda g: dict(kv_pages=g["kv_pages"][:, :, :1]), ValueError),
+    (lambda g: dict(kv_pages=g["kv_pages"][::2]), ValueError),                  # non-contiguous
+    (lambda g: dict(kv_pages=g["kv_pages"].tolist()), TypeError),
+    (lambda g: dict(layer=2), IndexError),
+    (lambda g: dict(layer=-1), IndexError),
+    (lambda g: dict(layer=1.0), TypeError),
+    (lambda g: dict(block_tables=g["block_tables"].astype(np.float32)), TypeError),
+    (lambda g: dict(block_tables=g["block_tables"][0]), ValueError),
+    (lambda g: dict(block_tables=g["block_tables"][:1]), ValueError),
+    (lambda g: dict(block_tables=np.where(g["block_tables"] == g["block_tables"][0, 1], 99,
+                                          g["block_tables"])), IndexError),
+    (lambda g: dict(block_tables=np.where(g["block_tables"] == g["block_tables"][1, 0], -1,
+                                          g["block_tables"])), IndexError),
+    (lambda g: dict(block_tables=g["block_tables"][:, :1]), ValueError),        # capacity
+    (lambda g: dict(kv_lens=np.array([20, -1], np.int32)), ValueError),
+    (lambda g: dict(kv_lens=np.array([20, 1], np.int32)), ValueError),         # q_len > kv_len
+    (lambda g: dict(kv_lens=np.array([20], np.int32)), ValueError),
+    (lambda g: dict(kv_lens=np.array([20.0, 5.0])), TypeError),
+    (lambda g: dict(qo_indptr=np.array([0, 1], np.int32)), ValueError),
+    (lambda g: dict(qo_indptr=np.array([1, 1, 3], np.int32)), ValueError),
+    (lambda g: dict(qo_indptr=np.array([0, 2, 1], np.int32)), ValueError),
+    (lambda g: dict(qo_indptr=np.array([0, 1, 4], np.int32)), ValueError),
+    (lambda g: dict(qo_indptr=np.array([[0, 1, 3]], np.int32)), ValueError),
+    (lambda g: dict(alibi_slopes=np.ones(3, np.float32)), ValueError),
+    (lambda g: dict(alibi_slopes=np.array(["a"] * 4)), TypeError),
+    (lambda g: dict(window_left=-2), ValueError),
+    (lambda g: dict(soft_cap=-1.0), ValueError),
+    (lambda g: dict(soft_cap=float("nan")), ValueError),
+    (lambda g: dict(scale=float("inf")), ValueError),
+    (lambda g: dict(scale=float("nan")), ValueError),
+    (lambda g: dict(out=np.zeros((3, 4, 64), np.float64)), TypeError),
+    (lambda g: dict(out=np.zeros((3, 4, 32), np.float32)), ValueError),
+    (lambda g: dict(out=np.zeros((3, 4, 128), np.float32)[:, :, ::2]), ValueError),
+    (lambda g: dict(num_threads=0), ValueError),
+])
+def test_bad_inputs(good, mutate, exc):
+    with pytest.raises(exc):
+        _call(good, **mutate(good))
+
+
+# --- property test -------------------------------------------------------------------
+
+@st.composite
+def batches(draw):
+    Hkv = draw(st.sampled_from([1, 2, 4]))
+    G = draw(st.sampled_from([1, 2, 4, 8]))
+    D = draw(st.sampled_from([8, 16, 64, 80, 12]))
+    T = draw(st.sampled_from([1, 2, 5, 8, 16]))
+    B = draw(st.integers(1, 4))
+    kv_lens = draw(st.lists(st.integers(0, 80), min_size=B, max_size=B))
+    q_lens = [draw(st.integers(0, min(n, 20))) for n in kv_lens]
+    return dict(Hkv=Hkv, H=Hkv * G, D=D, T=T, kv_lens=kv_lens, q_lens=q_lens,
+                causal=draw(st.booleans()),
+                window_left=draw(st.sampled_from([-1, -1, 0, 3, 17])),
+                soft_cap=draw(st.sampled_from([0.0, 0.0, 2.0])),
+                alibi=draw(st.booleans()),
+                dtype=draw(st.sampled_from(["float32", "float32", "float16", "bfloat16"])),
+                chunk=draw(st.sampled_from([0, -1, 1, 16, 40])),
+                threads=draw(st.sampled_from([1, 2])),
+                scalar=draw(st.booleans()),
+                seed=draw(st.integers(0, 2**31)))
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches())
+def test_property_matches_reference(c):
+    rng = np.random.default_rng(c["seed"])
+    run_case(rng, q_lens=c["q_lens"], kv_lens=c["kv_lens"], H=c["H"], Hkv=c["Hkv"], D=c["D"],
+             T=c["T"], dtype=c["dtype"], causal=c["causal"], window_left=c["window_left"],
+             soft_cap=c["soft_cap"], alibi=c["alibi"], num_threads=c["threads"],
+             _kv_chunk=c["chunk"], _force_scalar=c["scalar"])
+
+
+def test_bf16_helper_roundtrip():
+    x = np.array([1.0, -2.5, 3.14159, 1e-3], np.float32)
+    bits, back = bf16_round(x)
+    assert bits.dtype == np.uint16
+    np.testing.assert_allclose(back, x, rtol=1e-2)
+
+
+def test_simd_flag_is_bool():
+    assert isinstance(simd_enabled(), bool)
