@@ -226,16 +226,6 @@ class CacheStats(dict):
             raise AttributeError(name) from None
 
 
-def _aligned_zeros(nbytes, align=64):
-    """Zeroed 64-byte-aligned uint8 buffer. PagePool(buffer=None) computes its alignment
-    offset with C modulo of a negative number (cdivision), which is negative for an
-    unaligned NumPy allocation and leaves the pool pointing past its buffer; handing it
-    a buffer avoids that path. np.zeros maps pages lazily, so a big pool is free until used."""
-    raw = np.zeros(nbytes + align, dtype=np.uint8)
-    off = (-raw.ctypes.data) % align
-    return raw[off:off + nbytes]
-
-
 def _block_hash(parent, tokens, salt):
     h = hashlib.blake2b(digest_size=16)
     h.update(parent)
@@ -270,9 +260,7 @@ class PagedKVCacheManager:
             raise ValueError("need 0 < high_watermark <= critical_watermark <= 1")
         self.config = config
         self.page_size = config.page_size
-        # Pass our own aligned buffer: PagePool's built-in one is mis-sliced when NumPy's
-        # allocation is not 64-byte aligned (see _aligned_zeros).
-        self._store = KVPageStore(config, _aligned_zeros(config.total_bytes()))
+        self._store = KVPageStore(config)
         self._pool = self._store.pool
         self._lock = threading.RLock()
         self._handles = {}
@@ -291,10 +279,8 @@ class PagedKVCacheManager:
             if swap_path is not None:
                 self._swap_map = np.memmap(swap_path, dtype=np.uint8, mode="w+",
                                            shape=(scfg.total_bytes(),))
-                buf = self._swap_map
-            else:
-                buf = _aligned_zeros(scfg.total_bytes())
-            self._swap_store = KVPageStore(scfg, buf)
+            # In memory (buffer None) the store allocates its own aligned, lazily-zeroed pool.
+            self._swap_store = KVPageStore(scfg, self._swap_map)
         self._high = float(high_watermark)
         self._critical = float(critical_watermark)
         self._callback = None
