@@ -752,22 +752,22 @@ class PagedKVCacheManager:
 
     def write_kv_tokens(self, handle, layer, start, keys, values):
         """Write ``n`` tokens' K and V (``[n, kv_dim]`` or ``[n, num_kv_heads, head_dim]``)
-        at positions ``start .. start+n-1`` of ``layer``; big copies run without the GIL
-        and outside the manager lock. Errors as :meth:`write_kv` (ValueError for a range
+        at positions ``start .. start+n-1`` of ``layer``; big copies run without the GIL.
+        Errors as :meth:`write_kv` (ValueError for a range
         past the allocated blocks)."""
         cfg = self.config
         k = _validate.as_f32_rows(keys, "keys", cfg.num_kv_heads, cfg.head_dim)
         v = _validate.as_f32_rows(values, "values", cfg.num_kv_heads, cfg.head_dim, k.shape[0])
         n = k.shape[0]
         start = _validate.check_count(start, "start")
+        # The copy runs under the manager lock (the store drops the GIL for it, so other
+        # threads still run): a concurrent deallocate/fork of this handle can then never
+        # hand its pages to someone else mid-copy.
         with self._lock:
             h = self._resident(handle)
             layer = self._prepare_write(h, layer, start, n)
-            table = h.block_table()
-        if n:
-            # The pages are this handle's own now; the copy itself needs no manager lock.
-            self._store.write(table, layer, start, k, v)
-            with self._lock:
+            if n:
+                self._store.write(h.block_table(), layer, start, k, v)
                 self._after_write(h, layer, start, n)
 
     def write_kv_batch(self, handles, layer, positions, keys, values):
@@ -804,8 +804,7 @@ class PagedKVCacheManager:
                     rc = self._pool.ref_counts()
             pages = np.fromiter((h._blocks[p // ps] for h, p in zip(hs, pl)), np.int32, B)
             offs = (pos % ps).astype(np.int32)
-        write_token_rows(self._store, pages, offs, layer, k, v)
-        with self._lock:
+            write_token_rows(self._store, pages, offs, layer, k, v)
             for h, p in zip(hs, pl):
                 if h._marks is not None:
                     self._after_write(h, layer, p, 1)
