@@ -31,8 +31,10 @@ def sliding_window(args):
     t0 = time.perf_counter()
     peak = 0
     for start in range(0, n_tokens, chunk):
-        cache.append_tokens(k, k)
+        n = min(chunk, n_tokens - start)
+        cache.append_tokens(k[:, :n], k[:, :n])
         peak = max(peak, cache.num_pages())
+    assert cache.seq_len() + cache.evicted_tokens() == n_tokens
     elapsed = time.perf_counter() - t0
     return {
         "tokens appended": n_tokens,
