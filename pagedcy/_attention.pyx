@@ -97,7 +97,7 @@ cdef int _kv_dtype_code(cnp.ndarray kv) except -1:
 def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, *,
                           scale=None, causal=True, window_left=-1, soft_cap=0.0,
                           alibi_slopes=None, out=None, return_lse=False, num_threads=None,
-                          _kv_chunk=0, _force_scalar=False, _flags=0):
+                          _kv_chunk=0, _force_scalar=False, _flags=0, _repeat=1):
     """Attention of a ragged batch of queries over paged K/V.
 
     query: float ``[total_q, num_heads, head_dim]`` (converted to float32);
@@ -252,6 +252,7 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     cdef int nthreads = resolve_num_threads(num_threads)
     cdef int64_t chunk = operator.index(_kv_chunk)
     cdef int rc = 0
+    cdef Py_ssize_t reps, _r
 
     if total_q > 0:
         P.q = <const float *>cnp.PyArray_DATA(q)
@@ -277,8 +278,12 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
         P.lse = <float *>cnp.PyArray_DATA(lse) if lse is not None else NULL
         P.use_simd = 0 if _force_scalar else pagedcy_use_simd()
         P.flags = <int32_t>operator.index(_flags)
+        reps = max(1, operator.index(_repeat))     # microbenchmarks: no Python overhead
         with nogil:
-            rc = paged_attention_nogil(&P, nthreads, chunk)
+            for _r in range(reps):
+                rc = paged_attention_nogil(&P, nthreads, chunk)
+                if rc != 0:
+                    break
         if rc != 0:
             raise MemoryError("paged attention: could not allocate scratch memory")
     if return_lse:

@@ -44,7 +44,7 @@ typedef struct {
 } pagedcy_attn_params;
 
 typedef struct {
-    double cost;
+    double cost, gcost;          /* own cost; summed cost of its (sequence, KV head) group */
     int32_t b, g0, ng, r0, nr;   /* sequence, KV heads [g0, g0+ng), rows [r0, r0+nr) of its queries */
     int64_t t0, t1;              /* KV tokens [t0, t1); t0 page aligned */
     int64_t po_off, pl_off;      /* partial-output offsets (floats) for splits; -1: final output */
@@ -249,8 +249,17 @@ static inline int pagedcy_attn_merge_group(const pagedcy_attn_params *P, const p
 #endif
 #define PAGEDCY_ATTN_MIN_CHUNK 256
 
+static int pa_item_cmp_group(const void *a, const void *b) {
+    const pagedcy_attn_item *x = (const pagedcy_attn_item *)a, *y = (const pagedcy_attn_item *)b;
+    if (x->b != y->b) return x->b < y->b ? -1 : 1;
+    return x->g0 < y->g0 ? -1 : (x->g0 > y->g0);
+}
+
 static int pa_item_cmp(const void *a, const void *b) {
     const pagedcy_attn_item *x = (const pagedcy_attn_item *)a, *y = (const pagedcy_attn_item *)b;
+    if (x->gcost != y->gcost) return x->gcost > y->gcost ? -1 : 1;
+    if (x->b != y->b) return x->b < y->b ? -1 : 1;
+    if (x->g0 != y->g0) return x->g0 < y->g0 ? -1 : 1;
     if (x->cost != y->cost) return x->cost > y->cost ? -1 : 1;
     if (x->b != y->b) return x->b < y->b ? -1 : 1;
     if (x->g0 != y->g0) return x->g0 < y->g0 ? -1 : 1;
@@ -372,7 +381,17 @@ static inline pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_param
     pl->groups = (pagedcy_attn_group *)malloc(sizeof(pagedcy_attn_group) * (pl->ngroups ? pl->ngroups : 1));
     if (!pl->items || !pl->groups) { free(pl->items); free(pl->groups); free(pl); return NULL; }
     pa_plan_pass(P, nthreads, kv_chunk, pl, 1, max_cost);
-    /* largest first, so dynamic scheduling balances the tail */
+    /* Order: (sequence, KV head) groups largest first, and inside a group the
+     * largest items first. Dynamic scheduling then balances the tail, while
+     * consecutive items of a thread mostly reread the same head's K/V pages,
+     * which are still in its L2 (prefill). */
+    qsort(pl->items, (size_t)pl->nitems, sizeof(pagedcy_attn_item), pa_item_cmp_group);
+    for (int64_t i = 0, j; i < pl->nitems; i = j) {
+        double sum = 0.0;
+        for (j = i; j < pl->nitems && pl->items[j].b == pl->items[i].b && pl->items[j].g0 == pl->items[i].g0; j++)
+            sum += pl->items[j].cost;
+        for (int64_t k = i; k < j; k++) pl->items[k].gcost = (P->flags & 8) ? pl->items[k].cost : sum;
+    }
     qsort(pl->items, (size_t)pl->nitems, sizeof(pagedcy_attn_item), pa_item_cmp);
     return pl;
 }

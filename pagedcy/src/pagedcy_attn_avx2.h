@@ -111,16 +111,24 @@ PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
                 if (two) PA_PF(r1 + b);
             }
         }
+        /* row base pointers + one shared index: no address arithmetic in the
+         * loop, which is otherwise close to the front-end's uop limit */
+        const char *kb0 = (const char *)K + o0 * (dtype == PAGEDCY_F32 ? 4 : 2);
+        const char *kb1 = (const char *)K + o1 * (dtype == PAGEDCY_F32 ? 4 : 2);
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        for (int d = 0; d < D; d += 8) {
-            __m256 k0 = pa_ld8(K, o0 + d, dtype), k1 = pa_ld8(K, o1 + d, dtype);
-            __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d);
-            __m256 x2 = _mm256_loadu_ps(q2 + d), x3 = _mm256_loadu_ps(q3 + d);
-            a0 = _mm256_fmadd_ps(x0, k0, a0); a1 = _mm256_fmadd_ps(x0, k1, a1);
-            a2 = _mm256_fmadd_ps(x1, k0, a2); a3 = _mm256_fmadd_ps(x1, k1, a3);
-            a4 = _mm256_fmadd_ps(x2, k0, a4); a5 = _mm256_fmadd_ps(x2, k1, a5);
-            a6 = _mm256_fmadd_ps(x3, k0, a6); a7 = _mm256_fmadd_ps(x3, k1, a7);
-        }
+#define PA_QK_STEP(dd) do { \
+            __m256 k0 = pa_ld8(kb0, (dd), dtype), k1 = pa_ld8(kb1, (dd), dtype); \
+            __m256 x0 = _mm256_loadu_ps(q0 + (dd)), x1 = _mm256_loadu_ps(q1 + (dd)); \
+            a0 = _mm256_fmadd_ps(x0, k0, a0); a1 = _mm256_fmadd_ps(x0, k1, a1); \
+            a2 = _mm256_fmadd_ps(x1, k0, a2); a3 = _mm256_fmadd_ps(x1, k1, a3); \
+            __m256 x2 = _mm256_loadu_ps(q2 + (dd)), x3 = _mm256_loadu_ps(q3 + (dd)); \
+            a4 = _mm256_fmadd_ps(x2, k0, a4); a5 = _mm256_fmadd_ps(x2, k1, a5); \
+            a6 = _mm256_fmadd_ps(x3, k0, a6); a7 = _mm256_fmadd_ps(x3, k1, a7); \
+        } while (0)
+        int d = 0;
+        for (; d + 16 <= D; d += 16) { PA_QK_STEP(d); PA_QK_STEP(d + 8); }
+        if (d < D) PA_QK_STEP(d);
+#undef PA_QK_STEP
         __m256 r = pa_hsum8(a0, a1, a2, a3, a4, a5, a6, a7);
         __m128 lo = _mm256_castps256_ps128(r), hi = _mm256_extractf128_ps(r, 1);
         if (two) {
@@ -160,15 +168,20 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
         __m256 c10 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d), al1), c11 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d + 8), al1);
         __m256 c20 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d), al2), c21 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d + 8), al2);
         __m256 c30 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d), al3), c31 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d + 8), al3);
-        for (int t = tlo; t < thi; t++) {
-            int64_t o = (int64_t)t * vs + d;
-            __m256 v0 = pa_ld8(V, o, dtype), v1 = pa_ld8(V, o + 8, dtype);
-            __m256 b;
-            b = _mm256_broadcast_ss(p0 + t); c00 = _mm256_fmadd_ps(b, v0, c00); c01 = _mm256_fmadd_ps(b, v1, c01);
-            b = _mm256_broadcast_ss(p1 + t); c10 = _mm256_fmadd_ps(b, v0, c10); c11 = _mm256_fmadd_ps(b, v1, c11);
-            b = _mm256_broadcast_ss(p2 + t); c20 = _mm256_fmadd_ps(b, v0, c20); c21 = _mm256_fmadd_ps(b, v1, c21);
-            b = _mm256_broadcast_ss(p3 + t); c30 = _mm256_fmadd_ps(b, v0, c30); c31 = _mm256_fmadd_ps(b, v1, c31);
-        }
+        const int64_t vsb = vs * (dtype == PAGEDCY_F32 ? 4 : 2);
+        const char *vr = (const char *)V + ((int64_t)tlo * vs + d) * (dtype == PAGEDCY_F32 ? 4 : 2);
+#define PA_PV_STEP(row, tt) do { \
+            __m256 v0 = pa_ld8((row), 0, dtype), v1 = pa_ld8((row), 8, dtype); \
+            __m256 b; \
+            b = _mm256_broadcast_ss(p0 + (tt)); c00 = _mm256_fmadd_ps(b, v0, c00); c01 = _mm256_fmadd_ps(b, v1, c01); \
+            b = _mm256_broadcast_ss(p1 + (tt)); c10 = _mm256_fmadd_ps(b, v0, c10); c11 = _mm256_fmadd_ps(b, v1, c11); \
+            b = _mm256_broadcast_ss(p2 + (tt)); c20 = _mm256_fmadd_ps(b, v0, c20); c21 = _mm256_fmadd_ps(b, v1, c21); \
+            b = _mm256_broadcast_ss(p3 + (tt)); c30 = _mm256_fmadd_ps(b, v0, c30); c31 = _mm256_fmadd_ps(b, v1, c31); \
+        } while (0)
+        int t = tlo;
+        for (; t + 2 <= thi; t += 2, vr += 2 * vsb) { PA_PV_STEP(vr, t); PA_PV_STEP(vr + vsb, t + 1); }
+        if (t < thi) PA_PV_STEP(vr, t);
+#undef PA_PV_STEP
         _mm256_storeu_ps(O0 + d, c00); _mm256_storeu_ps(O0 + d + 8, c01);
         _mm256_storeu_ps(O1 + d, c10); _mm256_storeu_ps(O1 + d + 8, c11);
         _mm256_storeu_ps(O2 + d, c20); _mm256_storeu_ps(O2 + d + 8, c21);
