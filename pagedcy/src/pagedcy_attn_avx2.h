@@ -222,41 +222,88 @@ PA_AVX2 static void pa_pv4_avx2(float *O, int D, const float *alpha, const float
     else pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_BF16);
 }
 
-/* One row's online-softmax step over S[tb, te) (tb multiple of 8, te <= Sld
- * rounded to 8): apply soft cap and ALiBi, mask outside [vlo, vhi], update
- * (m, l), overwrite S with p = exp(s - m_new) (0 where masked), return the
- * rescale factor for the row's running output. */
-PA_AVX2 static float pa_softmax_row_avx2(float *s, int tb, int te, int vlo, int vhi,
-                                         float cap, float slope, float pos0, float *m, float *l) {
+/* Reduce four 8-float vectors to one 4-float vector of their maxima / sums. */
+PA_AVX2_INLINE __m128 pa_hmax4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m128 x0 = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 x1 = _mm_max_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+    __m128 x2 = _mm_max_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+    __m128 x3 = _mm_max_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+    _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
+    return _mm_max_ps(_mm_max_ps(x0, x1), _mm_max_ps(x2, x3));
+}
+
+PA_AVX2_INLINE __m128 pa_hadd4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 t0 = _mm256_hadd_ps(a, b), t1 = _mm256_hadd_ps(c, d);
+    __m256 u = _mm256_hadd_ps(t0, t1);   /* [a_lo b_lo c_lo d_lo | a_hi b_hi c_hi d_hi] */
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
+/* Online-softmax step of a 4-row block over S[r][tb, te) (tb multiple of 8,
+ * te <= the padded row length): soft cap, ALiBi, mask outside [vlo[r],
+ * vhi[r]] (an empty range marks an inactive row: p = 0, alpha = 1), update
+ * m and l, overwrite S with p, write the rescale factors to alpha. The four
+ * rows' reductions and exps for (m, l, alpha) are done together. */
+PA_AVX2 static void pa_softmax4_avx2(float *S, int Sld, int tb, int te, const int32_t *vlo,
+                                     const int32_t *vhi, float cap, const float *slope,
+                                     const float *pos0, float *m, float *l, float *alpha) {
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i lo = _mm256_set1_epi32(vlo - 1), hi = _mm256_set1_epi32(vhi + 1);
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    __m256 vmax = ninf;
-    for (int t = tb; t < te; t += 8) {
-        __m256 x = _mm256_loadu_ps(s + t);
-        __m256i ti = _mm256_add_epi32(iota, _mm256_set1_epi32(t));
-        if (cap > 0.0f)
-            x = _mm256_mul_ps(_mm256_set1_ps(cap), pa_tanh8(_mm256_mul_ps(x, _mm256_set1_ps(1.0f / cap))));
-        if (slope != 0.0f)
-            x = _mm256_fmadd_ps(_mm256_set1_ps(slope),
-                                _mm256_add_ps(_mm256_cvtepi32_ps(ti), _mm256_set1_ps(pos0)), x);
-        __m256i vis = _mm256_and_si256(_mm256_cmpgt_epi32(ti, lo), _mm256_cmpgt_epi32(hi, ti));
-        x = _mm256_blendv_ps(ninf, x, _mm256_castsi256_ps(vis));
-        _mm256_storeu_ps(s + t, x);
-        vmax = _mm256_max_ps(vmax, x);
+    __m256 vmax[4];
+    for (int r = 0; r < 4; r++) {
+        float *s = S + (int64_t)r * Sld;
+        __m256 mx = ninf;
+        if (vlo[r] > vhi[r]) {
+            for (int t = tb; t < te; t += 8) _mm256_storeu_ps(s + t, _mm256_setzero_ps());
+            vmax[r] = mx;
+            continue;
+        }
+        const __m256i lo = _mm256_set1_epi32(vlo[r] - 1), hi = _mm256_set1_epi32(vhi[r] + 1);
+        for (int t = tb; t < te; t += 8) {
+            __m256 x = _mm256_loadu_ps(s + t);
+            if (cap > 0.0f)
+                x = _mm256_mul_ps(_mm256_set1_ps(cap), pa_tanh8(_mm256_mul_ps(x, _mm256_set1_ps(1.0f / cap))));
+            if (slope[r] != 0.0f)
+                x = _mm256_fmadd_ps(_mm256_set1_ps(slope[r]),
+                                    _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(iota, _mm256_set1_epi32(t))),
+                                                  _mm256_set1_ps(pos0[r])), x);
+            if (t < vlo[r] || t + 7 > vhi[r]) {
+                __m256i ti = _mm256_add_epi32(iota, _mm256_set1_epi32(t));
+                __m256i vis = _mm256_and_si256(_mm256_cmpgt_epi32(ti, lo), _mm256_cmpgt_epi32(hi, ti));
+                x = _mm256_blendv_ps(ninf, x, _mm256_castsi256_ps(vis));
+            }
+            _mm256_storeu_ps(s + t, x);
+            mx = _mm256_max_ps(mx, x);
+        }
+        vmax[r] = mx;
     }
-    float mnew = pa_hmax8(vmax);
-    if (*m > mnew) mnew = *m;
-    float alpha = expf(*m - mnew);
-    __m256 mv = _mm256_set1_ps(mnew), acc = _mm256_setzero_ps();
-    for (int t = tb; t < te; t += 8) {
-        __m256 p = pa_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
-        _mm256_storeu_ps(s + t, p);
-        acc = _mm256_add_ps(acc, p);
+    __m128 mold = _mm_loadu_ps(m);
+    __m128 mnew = _mm_max_ps(mold, pa_hmax4x8(vmax[0], vmax[1], vmax[2], vmax[3]));
+    /* -inf - -inf (row with no history and nothing visible) gives NaN -> 0:
+     * harmless, its O and l are still 0. */
+    __m128 al = _mm256_castps256_ps128(pa_exp8(_mm256_castps128_ps256(_mm_sub_ps(mold, mnew))));
+    float mn[4];
+    _mm_storeu_ps(mn, mnew);
+    __m256 acc[4];
+    for (int r = 0; r < 4; r++) {
+        acc[r] = _mm256_setzero_ps();
+        if (vlo[r] > vhi[r]) continue;
+        float *s = S + (int64_t)r * Sld;
+        const __m256 mv = _mm256_set1_ps(mn[r]);
+        for (int t = tb; t < te; t += 8) {
+            __m256 p = pa_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
+            _mm256_storeu_ps(s + t, p);
+            acc[r] = _mm256_add_ps(acc[r], p);
+        }
     }
-    *l = *l * alpha + pa_hadd8(acc);
-    *m = mnew;
-    return alpha;
+    __m128 lsum = pa_hadd4x8(acc[0], acc[1], acc[2], acc[3]);
+    /* inactive rows keep (m, l) and get alpha 1 */
+    __m128 act = _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_add_epi32(_mm_loadu_si128((const __m128i *)vhi),
+                                                                _mm_set1_epi32(1)),
+                                                  _mm_loadu_si128((const __m128i *)vlo)));
+    al = _mm_blendv_ps(_mm_set1_ps(1.0f), al, act);
+    _mm_storeu_ps(alpha, al);
+    _mm_storeu_ps(l, _mm_fmadd_ps(_mm_loadu_ps(l), al, lsum));
+    _mm_storeu_ps(m, _mm_blendv_ps(mold, mnew, act));
 }
 
 PA_AVX2 static void pa_pack_row_avx2(float *dst, const void *src, int D, int dtype) {

@@ -153,6 +153,18 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                                   W.S + (int64_t)b4 * 4 * Sld, Sld);
 #endif
                     int tb = W.blo[b4] & ~7, te = (W.bhi[b4] + 7) & ~7;
+#if PA_SIMD
+                    {
+                        float slope4[4], pos4[4];
+                        for (int k = 0; k < 4; k++) {
+                            int v = b4 * 4 + k, r = v / G;
+                            slope4[k] = (P->alibi && v < M) ? P->alibi[(it->g0 + gi) * G + v % G] : 0.0f;
+                            pos4[k] = (float)(tok0 - (delta + it->r0 + r));
+                        }
+                        pa_softmax4_avx2(W.S + (int64_t)b4 * 4 * Sld, Sld, tb, te, W.vlo + b4 * 4, W.vhi + b4 * 4,
+                                         P->soft_cap, slope4, pos4, mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
+                    }
+#else
                     for (int v = b4 * 4; v < b4 * 4 + 4; v++) {
                         float *s = W.S + (int64_t)v * Sld;
                         if (W.vlo[v] > W.vhi[v]) {
@@ -163,14 +175,10 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                         int r = v / G, h = (it->g0 + gi) * G + v % G;
                         float slope = P->alibi ? P->alibi[h] : 0.0f;
                         float pos0 = (float)(tok0 - (delta + it->r0 + r));
-#if PA_SIMD
-                        W.alpha[v] = pa_softmax_row_avx2(s, tb, te, W.vlo[v], W.vhi[v], P->soft_cap,
-                                                         slope, pos0, mg + v, lg + v);
-#else
                         W.alpha[v] = pa_softmax_row_scalar(s, tb, te, W.vlo[v], W.vhi[v], P->soft_cap,
                                                            slope, pos0, mg + v, lg + v);
-#endif
                     }
+#endif
 #if PA_SIMD
                     if (!(P->flags & 32)) pa_pv4_avx2(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld, Sld,
                                 Vs, kst, W.blo[b4], W.bhi[b4], first ? pfV : NULL,
