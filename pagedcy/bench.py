@@ -137,6 +137,9 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, repeats, rng, bw, q_le
         batch_paged_attention(q, indptr, pages, 0, bt, lens, out=out, causal=causal,
                               num_threads=threads)
     _progress(f"{name}: pagedcy ...")
+    # OpenBLAS workers spin for a while after the previous case's NumPy
+    # baseline; on a 2-core machine they would steal a core from us.
+    time.sleep(0.5)
     t = _median_time(ours, repeats)
     row = {"case": name, "threads": threads, "ms": t * 1e3}
     if kind == "decode":

@@ -40,7 +40,11 @@ typedef struct {
     float *out;                  /* [total_q, H, D] */
     float *lse;                  /* [total_q, H] or NULL */
     int32_t use_simd;
-    int32_t flags;               /* private tuning switches (0: defaults) */
+    /* Private tuning switches for A/B runs, 0 = defaults: 1 prefetch to L2
+     * instead of L1, 2 prefetch the next head's slice instead of the next
+     * page's, 4 no K/V packing, 8 plain largest-first item order, 16 no
+     * prefetch, 128/256/512 prefill items of 128/32/256 query vectors. */
+    int32_t flags;
 } pagedcy_attn_params;
 
 typedef struct {
@@ -376,7 +380,7 @@ static inline pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_param
         for (int64_t i = 0; i < pl->nitems; i++) tot += pl->items[i].cost;
         free(pl->items);
         pl->items = NULL;
-        max_cost = tot / (3.0 * nthreads);
+        max_cost = tot / (8.0 * nthreads);
     }
     pa_plan_pass(P, nthreads, kv_chunk, pl, 0, max_cost);
     pl->items = (pagedcy_attn_item *)malloc(sizeof(pagedcy_attn_item) * (pl->nitems ? pl->nitems : 1));

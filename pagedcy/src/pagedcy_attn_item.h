@@ -146,7 +146,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 for (int b4 = 0; b4 < nblk; b4++) {
                     if (W.blo[b4] >= W.bhi[b4]) continue;
 #if PA_SIMD
-                    if (!(P->flags & 64)) pa_qk4_avx2(qg + (int64_t)b4 * 4 * D, D, Ks, kst, W.blo[b4], W.bhi[b4],
+                    pa_qk4_avx2(qg + (int64_t)b4 * 4 * D, D, Ks, kst, W.blo[b4], W.bhi[b4],
                                 W.S + (int64_t)b4 * 4 * Sld, Sld, first ? pfK : NULL, row_bytes, P->flags, kdt);
 #else
                     pa_qk4_scalar(qg + (int64_t)b4 * 4 * D, D, Kf, kst, W.blo[b4], W.bhi[b4],
@@ -180,7 +180,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                     }
 #endif
 #if PA_SIMD
-                    if (!(P->flags & 32)) pa_pv4_avx2(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld, Sld,
+                    pa_pv4_avx2(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld, Sld,
                                 Vs, kst, W.blo[b4], W.bhi[b4], first ? pfV : NULL,
                                 row_bytes, T, P->flags, kdt);
 #else
