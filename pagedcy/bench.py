@@ -153,6 +153,7 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, repeats, rng, bw, q_le
         row["unit"] = "GFLOP/s"
         row["pct_bw"] = None
     row["numpy"] = row["torch"] = None
+    row["ran_baselines"] = baselines     # "n/a" torch column = torch not importable
     if baselines:
         _progress(f"{name}: numpy reference ...")
         ref = numpy_reference(q, indptr, pages, bt, lens, dtype, causal)
@@ -175,6 +176,46 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, repeats, rng, bw, q_le
     return row
 
 
+def paired_ratio(fn_a, fn_b, repeats):
+    """time(a) / time(b), alternating a and b and taking each one's best run,
+    so a noisy neighbour hits both sides alike."""
+    fn_a()
+    fn_b()
+    ta, tb = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn_a()
+        ta.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        fn_b()
+        tb.append(time.perf_counter() - t0)
+    return min(ta) / min(tb)
+
+
+def paired_checks(dec_b, dec_l, pre_l, nt, repeats, rng):
+    """fp16-vs-fp32 decode speed-up and prefill thread scaling, each from
+    alternating runs in the same process."""
+    out = {}
+    _progress("paired: fp16 vs fp32 decode ...")
+    q, ind, p32, bt, lens = make_decode(dec_b, dec_l, "float32", rng)
+    p16 = p32.astype(np.float16)
+    o = np.empty_like(q)
+    out["fp16_speedup"] = paired_ratio(
+        lambda: batch_paged_attention(q, ind, p32, 0, bt, lens, out=o, num_threads=nt),
+        lambda: batch_paged_attention(q, ind, p16, 0, bt, lens, out=o, num_threads=nt), repeats)
+    del p32, p16
+    gc.collect()
+    if nt > 1:
+        _progress("paired: prefill thread scaling ...")
+        q, ind, pages, bt, lens = make_decode(1, pre_l, "float32", rng, q_len=pre_l)
+        o = np.empty_like(q)
+        out["prefill_scaling"] = paired_ratio(
+            lambda: batch_paged_attention(q, ind, pages, 0, bt, lens, out=o, num_threads=1),
+            lambda: batch_paged_attention(q, ind, pages, 0, bt, lens, out=o, num_threads=nt),
+            max(3, repeats // 2))
+    return out
+
+
 def format_table(rows, bw):
     head = f"{'case':<34}{'thr':>4}{'time ms':>10}{'rate':>16}{'% of bw':>9}{'x numpy':>9}{'x torch':>9}"
     lines = [head, "-" * len(head)]
@@ -182,7 +223,7 @@ def format_table(rows, bw):
         rate = f"{r['rate']:.1f} {r['unit']}"
         pct = f"{r['pct_bw']:.0f}%" if r["pct_bw"] is not None else "-"
         xn = f"{r['numpy']:.1f}x" if r["numpy"] is not None else "-"
-        xt = f"{r['torch']:.1f}x" if r["torch"] is not None else "n/a"
+        xt = f"{r['torch']:.1f}x" if r["torch"] is not None else ("n/a" if r.get("ran_baselines") else "-")
         lines.append(f"{r['case']:<34}{r['threads']:>4}{r['ms']:>10.2f}{rate:>16}{pct:>9}{xn:>9}{xt:>9}")
     lines.append("")
     lines.append("read bandwidth (read_bandwidth, same run): "
@@ -224,6 +265,8 @@ def main(argv=None):
     rows = []
     for name, kind, b, l, dt, th, ql in specs:
         rows.append(bench_case(name, kind, b, l, dt, th, rep, rng, bw, q_len=ql, baselines=base))
+    time.sleep(0.5)
+    paired = paired_checks(dec_b, dec_l, pre_l, nt, rep, rng)
     _progress("")
     sys.stderr.write("\r\033[K")
     print(f"pagedcy paged attention: H={H} Hkv={HKV} D={D} page_size={T}, random page order, "
@@ -233,10 +276,12 @@ def main(argv=None):
     d2, d1 = by.get((specs[0][0], nt)), by.get((specs[0][0], 1))
     f16 = by.get((specs[3][0], nt))
     if d2 and f16:
-        print(f"fp16 vs fp32 decode speed-up: {d2['ms'] / f16['ms']:.2f}x")
+        print(f"fp16 vs fp32 decode speed-up: {d2['ms'] / f16['ms']:.2f}x (table), "
+              f"{paired['fp16_speedup']:.2f}x (alternating runs, best of {rep} each)")
     p1, p2 = by.get((specs[-1][0], 1)), by.get((specs[-1][0], nt))
     if p1 and p2 and nt > 1:
-        print(f"prefill scaling 1 -> {nt} threads: {p1['ms'] / p2['ms']:.2f}x")
+        print(f"prefill scaling 1 -> {nt} threads: {p1['ms'] / p2['ms']:.2f}x (table), "
+              f"{paired['prefill_scaling']:.2f}x (alternating runs)")
     return rows
 
 
