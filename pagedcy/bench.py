@@ -126,10 +126,11 @@ def torch_case(q, pages, bt, lens, dtype, causal, threads):
     return run
 
 
-def bench_case(name, kind, batch, kv_len, dtype, threads, repeats, rng, bw, q_len=1,
-               baselines=True):
+def bench_case(name, kind, batch, kv_len, dtype, threads, repeats, seed, bw, q_len=1):
+    """Time pagedcy on one case; returns its table row."""
     _progress(f"{name}: building inputs ...")
-    q, indptr, pages, bt, lens = make_decode(batch, kv_len, dtype, rng, q_len=q_len)
+    q, indptr, pages, bt, lens = make_decode(batch, kv_len, dtype, np.random.default_rng(seed),
+                                             q_len=q_len)
     out = np.empty_like(q)
     causal = kind == "prefill"
 
@@ -137,14 +138,11 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, repeats, rng, bw, q_le
         batch_paged_attention(q, indptr, pages, 0, bt, lens, out=out, causal=causal,
                               num_threads=threads)
     _progress(f"{name}: pagedcy ...")
-    # OpenBLAS workers spin for a while after the previous case's NumPy
-    # baseline; on a 2-core machine they would steal a core from us.
-    time.sleep(0.5)
     t = _median_time(ours, repeats)
-    row = {"case": name, "threads": threads, "ms": t * 1e3}
+    row = {"case": name, "threads": threads, "ms": t * 1e3, "numpy": None, "torch": None,
+           "ran_baselines": False}
     if kind == "decode":
-        nbytes = pages.nbytes
-        row["rate"] = nbytes / t / 1e9
+        row["rate"] = pages.nbytes / t / 1e9
         row["unit"] = "GB/s"
         row["pct_bw"] = 100.0 * row["rate"] / bw[threads]
     else:
@@ -152,28 +150,38 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, repeats, rng, bw, q_le
         row["rate"] = 4.0 * D * H * pairs / t / 1e9
         row["unit"] = "GFLOP/s"
         row["pct_bw"] = None
-    row["numpy"] = row["torch"] = None
-    row["ran_baselines"] = baselines     # "n/a" torch column = torch not importable
-    if baselines:
-        _progress(f"{name}: numpy reference ...")
-        ref = numpy_reference(q, indptr, pages, bt, lens, dtype, causal)
-        err = float(np.max(np.abs(ref - out)))
-        if err > (1e-3 if dtype == "float32" else 2e-2):
-            raise RuntimeError(f"{name}: pagedcy and the NumPy reference disagree (max err {err})")
-        del ref
-        gc.collect()
-        tn = _median_time(lambda: numpy_reference(q, indptr, pages, bt, lens, dtype, causal),
-                          max(1, repeats // 2))
-        row["numpy"] = tn / t
-        _progress(f"{name}: torch sdpa ...")
-        run = torch_case(q, pages, bt, lens, dtype, causal, threads)
-        if run is not None:
-            tt = _median_time(run, repeats)
-            row["torch"] = tt / t
-        del run
     del q, pages, out
     gc.collect()
     return row
+
+
+def baseline_case(row, kind, batch, kv_len, dtype, threads, repeats, seed, q_len=1):
+    """Check pagedcy against the NumPy reference on the same inputs and fill in
+    the NumPy / torch speed-ups of `row` (timed after every pagedcy case, so
+    BLAS / torch worker threads cannot disturb pagedcy's timings)."""
+    name = row["case"]
+    _progress(f"{name}: numpy reference ...")
+    q, indptr, pages, bt, lens = make_decode(batch, kv_len, dtype, np.random.default_rng(seed),
+                                             q_len=q_len)
+    causal = kind == "prefill"
+    out = batch_paged_attention(q, indptr, pages, 0, bt, lens, causal=causal, num_threads=threads)
+    ref = numpy_reference(q, indptr, pages, bt, lens, dtype, causal)
+    err = float(np.max(np.abs(ref - out)))
+    if err > (1e-3 if dtype == "float32" else 2e-2):
+        raise RuntimeError(f"{name}: pagedcy and the NumPy reference disagree (max err {err})")
+    del ref, out
+    gc.collect()
+    t = row["ms"] / 1e3
+    tn = _median_time(lambda: numpy_reference(q, indptr, pages, bt, lens, dtype, causal),
+                      max(1, repeats // 2))
+    row["numpy"] = tn / t
+    row["ran_baselines"] = True          # torch column "n/a" = torch not importable
+    _progress(f"{name}: torch sdpa ...")
+    run = torch_case(q, pages, bt, lens, dtype, causal, threads)
+    if run is not None:
+        row["torch"] = _median_time(run, repeats) / t
+    del run, q, pages
+    gc.collect()
 
 
 def paired_ratio(fn_a, fn_b, repeats):
@@ -263,10 +271,12 @@ def main(argv=None):
     if nt == 1:
         specs = [s for i, s in enumerate(specs) if i not in (1, 5)]
     rows = []
-    for name, kind, b, l, dt, th, ql in specs:
-        rows.append(bench_case(name, kind, b, l, dt, th, rep, rng, bw, q_len=ql, baselines=base))
-    time.sleep(0.5)
+    for i, (name, kind, b, l, dt, th, ql) in enumerate(specs):
+        rows.append(bench_case(name, kind, b, l, dt, th, rep, 1000 + i, bw, q_len=ql))
     paired = paired_checks(dec_b, dec_l, pre_l, nt, rep, rng)
+    if base:
+        for i, ((name, kind, b, l, dt, th, ql), row) in enumerate(zip(specs, rows)):
+            baseline_case(row, kind, b, l, dt, th, rep, 1000 + i, q_len=ql)
     _progress("")
     sys.stderr.write("\r\033[K")
     print(f"pagedcy paged attention: H={H} Hkv={HKV} D={D} page_size={T}, random page order, "
