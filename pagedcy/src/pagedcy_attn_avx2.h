@@ -93,11 +93,16 @@ PA_AVX2_INLINE __m256 pa_tanh8(__m256 x) {
 }
 
 /* Scores of 4 packed query rows (stride D) against tokens [tlo, thi) of one
- * K slice (token stride ks elements): S[r*Sld + t] = q_r . k_t.
- * 4 rows x 2 tokens per step: 6 loads feed 8 FMAs, and the eight sums are
- * reduced together. pf, when not NULL, is the K slice the caller will work on
- * next; its rows are prefetched alongside so the page walk's random jumps
- * do not stall on DRAM latency. */
+ * K slice (token stride ks elements), tlo even. 4 rows x 2 tokens per step:
+ * 6 loads feed 8 FMAs, and the eight sums are reduced together into one
+ * vector that is stored whole in the "pair" layout
+ *     S[(t/2)*8 + 2*r + (t&1)] = q_r . k_t
+ * (one 32-byte store per token pair; scattering it into per-row arrays made
+ * the softmax's vector loads wait on failed store forwarding). A token past
+ * thi in the last pair is computed from a duplicate of the previous row, so
+ * nothing beyond the slice is read. pf, when not NULL, is the K slice of the
+ * next page; its rows are prefetched alongside so the page walk's random
+ * jumps do not stall on DRAM latency. */
 PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
                              int tlo, int thi, float *S, int Sld,
                              const char *pf, int64_t pf_row_bytes, int flags, int dtype) {
@@ -131,28 +136,19 @@ PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
         for (; d + 16 <= D; d += 16) { PA_QK_STEP(d); PA_QK_STEP(d + 8); }
         if (d < D) PA_QK_STEP(d);
 #undef PA_QK_STEP
-        __m256 r = pa_hsum8(a0, a1, a2, a3, a4, a5, a6, a7);
-        __m128 lo = _mm256_castps256_ps128(r), hi = _mm256_extractf128_ps(r, 1);
-        if (two) {
-            _mm_storel_pi((__m64 *)(S + t), lo);
-            _mm_storeh_pi((__m64 *)(S + Sld + t), lo);
-            _mm_storel_pi((__m64 *)(S + 2 * Sld + t), hi);
-            _mm_storeh_pi((__m64 *)(S + 3 * Sld + t), hi);
-        } else {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, r);
-            S[t] = tmp[0]; S[Sld + t] = tmp[2]; S[2 * Sld + t] = tmp[4]; S[3 * Sld + t] = tmp[6];
-        }
+        _mm256_storeu_ps(S + (t >> 1) * 8, pa_hsum8(a0, a1, a2, a3, a4, a5, a6, a7));
     }
+    (void)Sld;
 }
 
-/* O[r] = O[r]*alpha[r] + sum_{t in [tlo,thi)} P[r][t] V[t] for 4 rows.
- * A 16-float slice of the 4 output rows (8 accumulators) stays in registers
- * across the tokens; each V load is shared by the 4 rows. */
+/* O[r] = O[r]*alpha[r] + sum_{t in [tlo,thi)} P[r][t] V[t] for 4 rows, with
+ * P in the pair layout of pa_qk4_t (tlo even). A 16-float slice of the 4
+ * output rows (8 accumulators) stays in registers across the tokens; each V
+ * load is shared by the 4 rows. */
 PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P, int Sld,
                              const void *V, int64_t vs, int tlo, int thi,
                              const char *pf, int64_t pf_row_bytes, int pf_rows, int flags, int dtype) {
-    const float *p0 = P, *p1 = P + Sld, *p2 = P + 2 * Sld, *p3 = P + 3 * Sld;
+    (void)Sld;
     float *O0 = O, *O1 = O + D, *O2 = O + 2 * D, *O3 = O + 3 * D;
     __m256 al0 = _mm256_set1_ps(alpha[0]), al1 = _mm256_set1_ps(alpha[1]);
     __m256 al2 = _mm256_set1_ps(alpha[2]), al3 = _mm256_set1_ps(alpha[3]);
@@ -172,17 +168,18 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
         __m256 c30 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d), al3), c31 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d + 8), al3);
         const int64_t vsb = vs * (dtype == PAGEDCY_F32 ? 4 : 2);
         const char *vr = (const char *)V + ((int64_t)tlo * vs + d) * (dtype == PAGEDCY_F32 ? 4 : 2);
-#define PA_PV_STEP(row, tt) do { \
+#define PA_PV_STEP(row, pp) do { \
             __m256 v0 = pa_ld8((row), 0, dtype), v1 = pa_ld8((row), 8, dtype); \
             __m256 b; \
-            b = _mm256_broadcast_ss(p0 + (tt)); c00 = _mm256_fmadd_ps(b, v0, c00); c01 = _mm256_fmadd_ps(b, v1, c01); \
-            b = _mm256_broadcast_ss(p1 + (tt)); c10 = _mm256_fmadd_ps(b, v0, c10); c11 = _mm256_fmadd_ps(b, v1, c11); \
-            b = _mm256_broadcast_ss(p2 + (tt)); c20 = _mm256_fmadd_ps(b, v0, c20); c21 = _mm256_fmadd_ps(b, v1, c21); \
-            b = _mm256_broadcast_ss(p3 + (tt)); c30 = _mm256_fmadd_ps(b, v0, c30); c31 = _mm256_fmadd_ps(b, v1, c31); \
+            b = _mm256_broadcast_ss((pp)); c00 = _mm256_fmadd_ps(b, v0, c00); c01 = _mm256_fmadd_ps(b, v1, c01); \
+            b = _mm256_broadcast_ss((pp) + 2); c10 = _mm256_fmadd_ps(b, v0, c10); c11 = _mm256_fmadd_ps(b, v1, c11); \
+            b = _mm256_broadcast_ss((pp) + 4); c20 = _mm256_fmadd_ps(b, v0, c20); c21 = _mm256_fmadd_ps(b, v1, c21); \
+            b = _mm256_broadcast_ss((pp) + 6); c30 = _mm256_fmadd_ps(b, v0, c30); c31 = _mm256_fmadd_ps(b, v1, c31); \
         } while (0)
         int t = tlo;
-        for (; t + 2 <= thi; t += 2, vr += 2 * vsb) { PA_PV_STEP(vr, t); PA_PV_STEP(vr + vsb, t + 1); }
-        if (t < thi) PA_PV_STEP(vr, t);
+        const float *pp = P + (tlo >> 1) * 8;
+        for (; t + 2 <= thi; t += 2, vr += 2 * vsb, pp += 8) { PA_PV_STEP(vr, pp); PA_PV_STEP(vr + vsb, pp + 1); }
+        if (t < thi) PA_PV_STEP(vr, pp);
 #undef PA_PV_STEP
         _mm256_storeu_ps(O0 + d, c00); _mm256_storeu_ps(O0 + d + 8, c01);
         _mm256_storeu_ps(O1 + d, c10); _mm256_storeu_ps(O1 + d + 8, c11);
@@ -199,10 +196,11 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
         __m256 c3 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d), al3);
         for (int t = tlo; t < thi; t++) {
             __m256 v0 = pa_ld8(V, (int64_t)t * vs + d, dtype);
-            c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + t), v0, c0);
-            c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + t), v0, c1);
-            c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2 + t), v0, c2);
-            c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(p3 + t), v0, c3);
+            const float *pt = P + (t >> 1) * 8 + (t & 1);
+            c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt), v0, c0);
+            c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt + 2), v0, c1);
+            c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt + 4), v0, c2);
+            c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt + 6), v0, c3);
         }
         _mm256_storeu_ps(O0 + d, c0); _mm256_storeu_ps(O1 + d, c1);
         _mm256_storeu_ps(O2 + d, c2); _mm256_storeu_ps(O3 + d, c3);
@@ -240,72 +238,73 @@ PA_AVX2_INLINE __m128 pa_hadd4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
     return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
 }
 
-/* Online-softmax step of a 4-row block over S[r][tb, te) (tb multiple of 8,
- * te <= the padded row length): soft cap, ALiBi, mask outside [vlo[r],
- * vhi[r]] (an empty range marks an inactive row: p = 0, alpha = 1), update
- * m and l, overwrite S with p, write the rescale factors to alpha. The four
- * rows' reductions and exps for (m, l, alpha) are done together. */
-PA_AVX2 static void pa_softmax4_avx2(float *S, int Sld, int tb, int te, const int32_t *vlo,
+/* Online-softmax step of a 4-row block whose scores sit in the pair layout
+ * (lane 2*r + (t&1) of vector t/2) for token pairs [jb, je): soft cap,
+ * ALiBi, mask outside [vlo[r], vhi[r]] (an empty range marks an inactive row:
+ * p = 0, alpha = 1), update m and l, overwrite the scores with
+ * p = exp(s - m_new), write the rows' rescale factors to alpha. Working on
+ * whole pair vectors keeps every load and store 32 bytes wide and handles the
+ * four rows' reductions together. */
+PA_AVX2 static void pa_softmax4_avx2(float *S, int jb, int je, const int32_t *vlo,
                                      const int32_t *vhi, float cap, const float *slope,
                                      const float *pos0, float *m, float *l, float *alpha) {
-    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    __m256 vmax[4];
-    for (int r = 0; r < 4; r++) {
-        float *s = S + (int64_t)r * Sld;
-        __m256 mx = ninf;
-        if (vlo[r] > vhi[r]) {
-            for (int t = tb; t < te; t += 8) _mm256_storeu_ps(s + t, _mm256_setzero_ps());
-            vmax[r] = mx;
-            continue;
+    const __m256i todd = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
+    const __m256i lo = _mm256_setr_epi32(vlo[0] - 1, vlo[0] - 1, vlo[1] - 1, vlo[1] - 1,
+                                         vlo[2] - 1, vlo[2] - 1, vlo[3] - 1, vlo[3] - 1);
+    const __m256i hi = _mm256_setr_epi32(vhi[0] + 1, vhi[0] + 1, vhi[1] + 1, vhi[1] + 1,
+                                         vhi[2] + 1, vhi[2] + 1, vhi[3] + 1, vhi[3] + 1);
+    const int t_first = 2 * jb, t_last = 2 * je - 1;
+    int full = 1;      /* every row sees every token of the range: no mask needed */
+    for (int r = 0; r < 4; r++) full &= vlo[r] <= t_first && vhi[r] >= t_last;
+    const int use_alibi = slope[0] != 0.0f || slope[1] != 0.0f || slope[2] != 0.0f || slope[3] != 0.0f;
+    const __m256 sl = _mm256_setr_ps(slope[0], slope[0], slope[1], slope[1],
+                                     slope[2], slope[2], slope[3], slope[3]);
+    const __m256 ps = _mm256_setr_ps(pos0[0], pos0[0], pos0[1], pos0[1],
+                                     pos0[2], pos0[2], pos0[3], pos0[3]);
+    __m256 vmax = ninf;
+    for (int j = jb; j < je; j++) {
+        float *sj = S + (int64_t)j * 8;
+        __m256 x = _mm256_loadu_ps(sj);
+        __m256i ti = _mm256_add_epi32(todd, _mm256_set1_epi32(2 * j));
+        if (cap > 0.0f)
+            x = _mm256_mul_ps(_mm256_set1_ps(cap), pa_tanh8(_mm256_mul_ps(x, _mm256_set1_ps(1.0f / cap))));
+        if (use_alibi)
+            x = _mm256_fmadd_ps(sl, _mm256_add_ps(_mm256_cvtepi32_ps(ti), ps), x);
+        if (!full) {
+            __m256i vis = _mm256_and_si256(_mm256_cmpgt_epi32(ti, lo), _mm256_cmpgt_epi32(hi, ti));
+            x = _mm256_blendv_ps(ninf, x, _mm256_castsi256_ps(vis));
         }
-        const __m256i lo = _mm256_set1_epi32(vlo[r] - 1), hi = _mm256_set1_epi32(vhi[r] + 1);
-        for (int t = tb; t < te; t += 8) {
-            __m256 x = _mm256_loadu_ps(s + t);
-            if (cap > 0.0f)
-                x = _mm256_mul_ps(_mm256_set1_ps(cap), pa_tanh8(_mm256_mul_ps(x, _mm256_set1_ps(1.0f / cap))));
-            if (slope[r] != 0.0f)
-                x = _mm256_fmadd_ps(_mm256_set1_ps(slope[r]),
-                                    _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(iota, _mm256_set1_epi32(t))),
-                                                  _mm256_set1_ps(pos0[r])), x);
-            if (t < vlo[r] || t + 7 > vhi[r]) {
-                __m256i ti = _mm256_add_epi32(iota, _mm256_set1_epi32(t));
-                __m256i vis = _mm256_and_si256(_mm256_cmpgt_epi32(ti, lo), _mm256_cmpgt_epi32(hi, ti));
-                x = _mm256_blendv_ps(ninf, x, _mm256_castsi256_ps(vis));
-            }
-            _mm256_storeu_ps(s + t, x);
-            mx = _mm256_max_ps(mx, x);
-        }
-        vmax[r] = mx;
+        if (cap > 0.0f || use_alibi || !full) _mm256_storeu_ps(sj, x);
+        vmax = _mm256_max_ps(vmax, x);
     }
-    __m128 mold = _mm_loadu_ps(m);
-    __m128 mnew = _mm_max_ps(mold, pa_hmax4x8(vmax[0], vmax[1], vmax[2], vmax[3]));
-    /* -inf - -inf (row with no history and nothing visible) gives NaN -> 0:
-     * harmless, its O and l are still 0. */
-    __m128 al = _mm256_castps256_ps128(pa_exp8(_mm256_castps128_ps256(_mm_sub_ps(mold, mnew))));
-    float mn[4];
-    _mm_storeu_ps(mn, mnew);
-    __m256 acc[4];
-    for (int r = 0; r < 4; r++) {
-        acc[r] = _mm256_setzero_ps();
-        if (vlo[r] > vhi[r]) continue;
-        float *s = S + (int64_t)r * Sld;
-        const __m256 mv = _mm256_set1_ps(mn[r]);
-        for (int t = tb; t < te; t += 8) {
-            __m256 p = pa_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
-            _mm256_storeu_ps(s + t, p);
-            acc[r] = _mm256_add_ps(acc[r], p);
-        }
+    /* row maxima, each duplicated over its two lanes */
+    vmax = _mm256_max_ps(vmax, _mm256_permute_ps(vmax, 0xB1));
+    const __m256 mold = _mm256_setr_ps(m[0], m[0], m[1], m[1], m[2], m[2], m[3], m[3]);
+    const __m256 mnew = _mm256_max_ps(mold, vmax);
+    /* -inf - -inf (row with no history and nothing visible) is NaN and
+     * pa_exp8 turns it into 0, as masked scores need. */
+    __m256 acc = _mm256_setzero_ps();
+    for (int j = jb; j < je; j++) {
+        float *sj = S + (int64_t)j * 8;
+        __m256 p = pa_exp8(_mm256_sub_ps(_mm256_loadu_ps(sj), mnew));
+        _mm256_storeu_ps(sj, p);
+        acc = _mm256_add_ps(acc, p);
     }
-    __m128 lsum = pa_hadd4x8(acc[0], acc[1], acc[2], acc[3]);
+    acc = _mm256_add_ps(acc, _mm256_permute_ps(acc, 0xB1));
+    const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    const __m128 mold4 = _mm_loadu_ps(m);
+    const __m128 mnew4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(mnew, pick));
+    const __m128 sum4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(acc, pick));
+    __m128 al = _mm256_castps256_ps128(pa_exp8(_mm256_castps128_ps256(_mm_sub_ps(mold4, mnew4))));
     /* inactive rows keep (m, l) and get alpha 1 */
     __m128 act = _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_add_epi32(_mm_loadu_si128((const __m128i *)vhi),
                                                                 _mm_set1_epi32(1)),
                                                   _mm_loadu_si128((const __m128i *)vlo)));
     al = _mm_blendv_ps(_mm_set1_ps(1.0f), al, act);
     _mm_storeu_ps(alpha, al);
-    _mm_storeu_ps(l, _mm_fmadd_ps(_mm_loadu_ps(l), al, lsum));
-    _mm_storeu_ps(m, _mm_blendv_ps(mold, mnew, act));
+    _mm_storeu_ps(l, _mm_fmadd_ps(_mm_loadu_ps(l), al, sum4));
+    _mm_storeu_ps(m, _mm_blendv_ps(mold4, mnew4, act));
 }
 
 PA_AVX2 static void pa_pack_row_avx2(float *dst, const void *src, int D, int dtype) {

@@ -141,18 +141,19 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                     }
                     Ks = W.kbuf; Vs = W.vbuf; kst = D; kdt = PAGEDCY_F32;
                 }
+#else
+                (void)pfK; (void)pfV;       /* the scalar path does not prefetch */
 #endif
                 int first = 1;
                 for (int b4 = 0; b4 < nblk; b4++) {
                     if (W.blo[b4] >= W.bhi[b4]) continue;
 #if PA_SIMD
-                    pa_qk4_avx2(qg + (int64_t)b4 * 4 * D, D, Ks, kst, W.blo[b4], W.bhi[b4],
+                    pa_qk4_avx2(qg + (int64_t)b4 * 4 * D, D, Ks, kst, W.blo[b4] & ~1, W.bhi[b4],
                                 W.S + (int64_t)b4 * 4 * Sld, Sld, first ? pfK : NULL, row_bytes, P->flags, kdt);
 #else
                     pa_qk4_scalar(qg + (int64_t)b4 * 4 * D, D, Kf, kst, W.blo[b4], W.bhi[b4],
                                   W.S + (int64_t)b4 * 4 * Sld, Sld);
 #endif
-                    int tb = W.blo[b4] & ~7, te = (W.bhi[b4] + 7) & ~7;
 #if PA_SIMD
                     {
                         float slope4[4], pos4[4];
@@ -161,10 +162,12 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                             slope4[k] = (P->alibi && v < M) ? P->alibi[(it->g0 + gi) * G + v % G] : 0.0f;
                             pos4[k] = (float)(tok0 - (delta + it->r0 + r));
                         }
-                        pa_softmax4_avx2(W.S + (int64_t)b4 * 4 * Sld, Sld, tb, te, W.vlo + b4 * 4, W.vhi + b4 * 4,
-                                         P->soft_cap, slope4, pos4, mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
+                        pa_softmax4_avx2(W.S + (int64_t)b4 * 4 * Sld, W.blo[b4] >> 1, (W.bhi[b4] + 1) >> 1,
+                                         W.vlo + b4 * 4, W.vhi + b4 * 4, P->soft_cap, slope4, pos4,
+                                         mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
                     }
 #else
+                    const int tb = W.blo[b4] & ~7, te = (W.bhi[b4] + 7) & ~7;
                     for (int v = b4 * 4; v < b4 * 4 + 4; v++) {
                         float *s = W.S + (int64_t)v * Sld;
                         if (W.vlo[v] > W.vhi[v]) {
@@ -181,13 +184,14 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
 #endif
 #if PA_SIMD
                     pa_pv4_avx2(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld, Sld,
-                                Vs, kst, W.blo[b4], W.bhi[b4], first ? pfV : NULL,
+                                Vs, kst, W.blo[b4] & ~1, W.bhi[b4], first ? pfV : NULL,
                                 row_bytes, T, P->flags, kdt);
 #else
                     pa_pv4_scalar(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld,
                                   Sld, Vf, kst, W.blo[b4], W.bhi[b4]);
 #endif
                     first = 0;
+                    (void)first;
                 }
             }
         }
