@@ -103,40 +103,44 @@ PA_AVX2_INLINE __m256 pa_tanh8(__m256 x) {
  * nothing beyond the slice is read. pf, when not NULL, is the K slice of the
  * next page; its rows are prefetched alongside so the page walk's random
  * jumps do not stall on DRAM latency. */
+/* q_r . k_t for 4 packed query rows (stride D) and two K rows given by
+ * their base pointers, returned as [r0t0, r0t1, r1t0, r1t1, ...]. Row base
+ * pointers + one shared index keep address arithmetic out of the loop. */
+PA_AVX2_INLINE __m256 pa_qk4_pair(const float *q, int D, const char *kb0, const char *kb1, int dtype) {
+    const float *q0 = q, *q1 = q + D, *q2 = q + 2 * D, *q3 = q + 3 * D;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+#define PA_QK_STEP(dd) do { \
+        __m256 k0 = pa_ld8(kb0, (dd), dtype), k1 = pa_ld8(kb1, (dd), dtype); \
+        __m256 x0 = _mm256_loadu_ps(q0 + (dd)), x1 = _mm256_loadu_ps(q1 + (dd)); \
+        a0 = _mm256_fmadd_ps(x0, k0, a0); a1 = _mm256_fmadd_ps(x0, k1, a1); \
+        a2 = _mm256_fmadd_ps(x1, k0, a2); a3 = _mm256_fmadd_ps(x1, k1, a3); \
+        __m256 x2 = _mm256_loadu_ps(q2 + (dd)), x3 = _mm256_loadu_ps(q3 + (dd)); \
+        a4 = _mm256_fmadd_ps(x2, k0, a4); a5 = _mm256_fmadd_ps(x2, k1, a5); \
+        a6 = _mm256_fmadd_ps(x3, k0, a6); a7 = _mm256_fmadd_ps(x3, k1, a7); \
+    } while (0)
+    int d = 0;
+    for (; d + 16 <= D; d += 16) { PA_QK_STEP(d); PA_QK_STEP(d + 8); }
+    if (d < D) PA_QK_STEP(d);
+#undef PA_QK_STEP
+    return pa_hsum8(a0, a1, a2, a3, a4, a5, a6, a7);
+}
+
 PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
                              int tlo, int thi, float *S, int Sld,
                              const char *pf, int64_t pf_row_bytes, int flags, int dtype) {
-    const float *q0 = q, *q1 = q + D, *q2 = q + 2 * D, *q3 = q + 3 * D;
+    const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2;
     for (int t = tlo; t < thi; t += 2) {
         int two = t + 1 < thi;
         int64_t o0 = (int64_t)t * ks, o1 = two ? o0 + ks : o0;
         if (pf) {
-            const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2;
             const char *r0 = pf + o0 * es, *r1 = pf + (o0 + ks) * es;
             for (int64_t b = 0; b < pf_row_bytes; b += 64) {
                 PA_PF(r0 + b);
                 if (two) PA_PF(r1 + b);
             }
         }
-        /* row base pointers + one shared index: no address arithmetic in the
-         * loop, which is otherwise close to the front-end's uop limit */
-        const char *kb0 = (const char *)K + o0 * (dtype == PAGEDCY_F32 ? 4 : 2);
-        const char *kb1 = (const char *)K + o1 * (dtype == PAGEDCY_F32 ? 4 : 2);
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-#define PA_QK_STEP(dd) do { \
-            __m256 k0 = pa_ld8(kb0, (dd), dtype), k1 = pa_ld8(kb1, (dd), dtype); \
-            __m256 x0 = _mm256_loadu_ps(q0 + (dd)), x1 = _mm256_loadu_ps(q1 + (dd)); \
-            a0 = _mm256_fmadd_ps(x0, k0, a0); a1 = _mm256_fmadd_ps(x0, k1, a1); \
-            a2 = _mm256_fmadd_ps(x1, k0, a2); a3 = _mm256_fmadd_ps(x1, k1, a3); \
-            __m256 x2 = _mm256_loadu_ps(q2 + (dd)), x3 = _mm256_loadu_ps(q3 + (dd)); \
-            a4 = _mm256_fmadd_ps(x2, k0, a4); a5 = _mm256_fmadd_ps(x2, k1, a5); \
-            a6 = _mm256_fmadd_ps(x3, k0, a6); a7 = _mm256_fmadd_ps(x3, k1, a7); \
-        } while (0)
-        int d = 0;
-        for (; d + 16 <= D; d += 16) { PA_QK_STEP(d); PA_QK_STEP(d + 8); }
-        if (d < D) PA_QK_STEP(d);
-#undef PA_QK_STEP
-        _mm256_storeu_ps(S + (t >> 1) * 8, pa_hsum8(a0, a1, a2, a3, a4, a5, a6, a7));
+        _mm256_storeu_ps(S + (t >> 1) * 8,
+                         pa_qk4_pair(q, D, (const char *)K + o0 * es, (const char *)K + o1 * es, dtype));
     }
     (void)Sld;
 }
