@@ -94,10 +94,56 @@ cdef int _kv_dtype_code(cnp.ndarray kv) except -1:
     raise TypeError(f"kv_pages dtype must be float32, float16 or bfloat16 (or uint16 bf16 bits), got {dt}")
 
 
+cdef int _check_ragged(const int64_t[::1] ind, const int64_t[::1] lens, int64_t total_q,
+                       int64_t maxp, int64_t T) except -1:
+    """qo_indptr / kv_lens rules, in one typed pass (numpy calls would cost
+    more than a small decode step)."""
+    cdef Py_ssize_t B = lens.shape[0], b
+    cdef int64_t ql
+    if ind[0] != 0:
+        raise ValueError(f"qo_indptr must start at 0, got {ind[0]}")
+    if ind[B] != total_q:
+        raise ValueError(f"qo_indptr must end at total_q = {total_q}, got {ind[B]}")
+    for b in range(B):
+        ql = ind[b + 1] - ind[b]
+        if ind[b + 1] < ind[b]:
+            raise ValueError(f"qo_indptr must be non-decreasing (entry {b + 1})")
+        if lens[b] < 0:
+            raise ValueError(f"kv_lens must be >= 0, got {lens[b]} for sequence {b}")
+        if lens[b] > maxp * T:
+            raise ValueError(f"kv_len {lens[b]} of sequence {b} exceeds block_tables capacity "
+                             f"{maxp} pages * {T} = {maxp * T}")
+        if ql > lens[b]:
+            raise ValueError(f"sequence {b} has q_len {ql} > kv_len {lens[b]}")
+    return 0
+
+
+cdef int _check_pages32(const int32_t[:, ::1] bt, const int64_t[::1] lens, int64_t T,
+                        int64_t max_pages) except -1:
+    cdef Py_ssize_t b, p, n
+    for b in range(bt.shape[0]):
+        n = (lens[b] + T - 1) // T
+        for p in range(n):
+            if bt[b, p] < 0 or bt[b, p] >= max_pages:
+                raise IndexError(f"block_tables[{b}, {p}] = {bt[b, p]} is outside [0, {max_pages})")
+    return 0
+
+
+cdef int _check_pages64(const int64_t[:, ::1] bt, const int64_t[::1] lens, int64_t T,
+                        int64_t max_pages) except -1:
+    cdef Py_ssize_t b, p, n
+    for b in range(bt.shape[0]):
+        n = (lens[b] + T - 1) // T
+        for p in range(n):
+            if bt[b, p] < 0 or bt[b, p] >= max_pages:
+                raise IndexError(f"block_tables[{b}, {p}] = {bt[b, p]} is outside [0, {max_pages})")
+    return 0
+
+
 def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, *,
                           scale=None, causal=True, window_left=-1, soft_cap=0.0,
                           alibi_slopes=None, out=None, return_lse=False, num_threads=None,
-                          _kv_chunk=0, _force_scalar=False, _flags=0):
+                          _kv_chunk=0, _force_scalar=False, _flags=0, _repeat=1):
     """Attention of a ragged batch of queries over paged K/V.
 
     query: float ``[total_q, num_heads, head_dim]`` (converted to float32);
@@ -178,36 +224,21 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
         raise ValueError(f"block_tables must have {B} rows (one per sequence), got {bt.shape[0]}")
     if B > (1 << 30):
         raise ValueError("too many sequences")
-    ind64 = ind.astype(np.int64)
-    lens64 = np.ascontiguousarray(lens, dtype=np.int64)
-    if (ind.dtype.kind == "u" and ind.size and ind.max() > np.iinfo(np.int64).max) or \
-       (lens.dtype.kind == "u" and lens.size and lens.max() > np.iinfo(np.int64).max):
-        raise ValueError("qo_indptr / kv_lens values too large")
-    if ind64[0] != 0:
-        raise ValueError(f"qo_indptr must start at 0, got {ind64[0]}")
-    if ind64[B] != total_q:
-        raise ValueError(f"qo_indptr must end at total_q = {total_q}, got {ind64[B]}")
-    qlens = np.diff(ind64)
-    if B and qlens.min() < 0:
-        raise ValueError("qo_indptr must be non-decreasing")
-    if B and lens64.min() < 0:
-        raise ValueError("kv_lens must be >= 0")
+    ind64 = np.ascontiguousarray(ind, dtype=np.int64)      # uint64 beyond int64 wraps
+    lens64 = np.ascontiguousarray(lens, dtype=np.int64)    # negative: rejected below
     cdef int64_t maxp = bt.shape[1]
-    if B and lens64.max() > maxp * T:
-        raise ValueError(f"a kv_len ({lens64.max()}) exceeds block_tables capacity "
-                         f"{maxp} pages * {T} = {maxp * T}")
-    if B and (qlens > lens64).any():
-        b = int(np.argmax(qlens > lens64))
-        raise ValueError(f"sequence {b} has q_len {qlens[b]} > kv_len {lens64[b]}")
-    npages = (lens64 + (T - 1)) // T
-    if B and maxp:
-        needed = np.arange(maxp)[None, :] < npages[:, None]
-        ids = bt[needed]
-        if ids.size and (ids.min() < 0 or ids.max() >= max_pages):
-            bad = ids[(ids < 0) | (ids >= max_pages)][0]
-            raise IndexError(f"block_tables holds page id {bad} outside [0, {max_pages})")
-    bt32 = np.ascontiguousarray(bt, dtype=np.int32) if bt.size else np.zeros((B, 1), np.int32)
-    if not bt.size:
+    _check_ragged(ind64, lens64, total_q, maxp, T)
+    # Only the first ceil(kv_len / page_size) ids of a row are read; those
+    # must be valid pages (the rest may hold anything, e.g. -1).
+    if bt.dtype == np.int32 and bt.flags.c_contiguous:
+        bt32 = bt
+        _check_pages32(bt32, lens64, T, max_pages)
+    else:
+        bt64 = np.ascontiguousarray(bt, dtype=np.int64)
+        _check_pages64(bt64, lens64, T, max_pages)
+        bt32 = bt64.astype(np.int32)
+    if maxp == 0:
+        bt32 = np.zeros((B, 1), np.int32)
         maxp = 1
     # --- options
     if scale is None:
@@ -252,6 +283,7 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     cdef int nthreads = resolve_num_threads(num_threads)
     cdef int64_t chunk = operator.index(_kv_chunk)
     cdef int rc = 0
+    cdef Py_ssize_t reps, _r
 
     if total_q > 0:
         P.q = <const float *>cnp.PyArray_DATA(q)
@@ -277,8 +309,12 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
         P.lse = <float *>cnp.PyArray_DATA(lse) if lse is not None else NULL
         P.use_simd = 0 if _force_scalar else pagedcy_use_simd()
         P.flags = <int32_t>operator.index(_flags)
+        reps = max(1, operator.index(_repeat))     # microbenchmarks: no Python overhead
         with nogil:
-            rc = paged_attention_nogil(&P, nthreads, chunk)
+            for _r in range(reps):
+                rc = paged_attention_nogil(&P, nthreads, chunk)
+                if rc != 0:
+                    break
         if rc != 0:
             raise MemoryError("paged attention: could not allocate scratch memory")
     if return_lse:

@@ -126,10 +126,11 @@ def torch_case(q, pages, bt, lens, dtype, causal, threads):
     return run
 
 
-def bench_case(name, kind, batch, kv_len, dtype, threads, repeats, rng, bw, q_len=1,
-               baselines=True):
+def bench_case(name, kind, batch, kv_len, dtype, threads, repeats, seed, bw, q_len=1):
+    """Time pagedcy on one case; returns its table row."""
     _progress(f"{name}: building inputs ...")
-    q, indptr, pages, bt, lens = make_decode(batch, kv_len, dtype, rng, q_len=q_len)
+    q, indptr, pages, bt, lens = make_decode(batch, kv_len, dtype, np.random.default_rng(seed),
+                                             q_len=q_len)
     out = np.empty_like(q)
     causal = kind == "prefill"
 
@@ -138,10 +139,10 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, repeats, rng, bw, q_le
                               num_threads=threads)
     _progress(f"{name}: pagedcy ...")
     t = _median_time(ours, repeats)
-    row = {"case": name, "threads": threads, "ms": t * 1e3}
+    row = {"case": name, "threads": threads, "ms": t * 1e3, "numpy": None, "torch": None,
+           "ran_baselines": False}
     if kind == "decode":
-        nbytes = pages.nbytes
-        row["rate"] = nbytes / t / 1e9
+        row["rate"] = pages.nbytes / t / 1e9
         row["unit"] = "GB/s"
         row["pct_bw"] = 100.0 * row["rate"] / bw[threads]
     else:
@@ -149,27 +150,78 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, repeats, rng, bw, q_le
         row["rate"] = 4.0 * D * H * pairs / t / 1e9
         row["unit"] = "GFLOP/s"
         row["pct_bw"] = None
-    row["numpy"] = row["torch"] = None
-    if baselines:
-        _progress(f"{name}: numpy reference ...")
-        ref = numpy_reference(q, indptr, pages, bt, lens, dtype, causal)
-        err = float(np.max(np.abs(ref - out)))
-        if err > (1e-3 if dtype == "float32" else 2e-2):
-            raise RuntimeError(f"{name}: pagedcy and the NumPy reference disagree (max err {err})")
-        del ref
-        gc.collect()
-        tn = _median_time(lambda: numpy_reference(q, indptr, pages, bt, lens, dtype, causal),
-                          max(1, repeats // 2))
-        row["numpy"] = tn / t
-        _progress(f"{name}: torch sdpa ...")
-        run = torch_case(q, pages, bt, lens, dtype, causal, threads)
-        if run is not None:
-            tt = _median_time(run, repeats)
-            row["torch"] = tt / t
-        del run
     del q, pages, out
     gc.collect()
     return row
+
+
+def baseline_case(row, kind, batch, kv_len, dtype, threads, repeats, seed, q_len=1):
+    """Check pagedcy against the NumPy reference on the same inputs and fill in
+    the NumPy / torch speed-ups of `row` (timed after every pagedcy case, so
+    BLAS / torch worker threads cannot disturb pagedcy's timings)."""
+    name = row["case"]
+    _progress(f"{name}: numpy reference ...")
+    q, indptr, pages, bt, lens = make_decode(batch, kv_len, dtype, np.random.default_rng(seed),
+                                             q_len=q_len)
+    causal = kind == "prefill"
+    out = batch_paged_attention(q, indptr, pages, 0, bt, lens, causal=causal, num_threads=threads)
+    ref = numpy_reference(q, indptr, pages, bt, lens, dtype, causal)
+    err = float(np.max(np.abs(ref - out)))
+    if err > (1e-3 if dtype == "float32" else 2e-2):
+        raise RuntimeError(f"{name}: pagedcy and the NumPy reference disagree (max err {err})")
+    del ref, out
+    gc.collect()
+    t = row["ms"] / 1e3
+    tn = _median_time(lambda: numpy_reference(q, indptr, pages, bt, lens, dtype, causal),
+                      max(1, repeats // 2))
+    row["numpy"] = tn / t
+    row["ran_baselines"] = True          # torch column "n/a" = torch not importable
+    _progress(f"{name}: torch sdpa ...")
+    run = torch_case(q, pages, bt, lens, dtype, causal, threads)
+    if run is not None:
+        row["torch"] = _median_time(run, repeats) / t
+    del run, q, pages
+    gc.collect()
+
+
+def paired_ratio(fn_a, fn_b, repeats):
+    """time(a) / time(b), alternating a and b and taking each one's best run,
+    so a noisy neighbour hits both sides alike."""
+    fn_a()
+    fn_b()
+    ta, tb = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn_a()
+        ta.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        fn_b()
+        tb.append(time.perf_counter() - t0)
+    return min(ta) / min(tb)
+
+
+def paired_checks(dec_b, dec_l, pre_l, nt, repeats, rng):
+    """fp16-vs-fp32 decode speed-up and prefill thread scaling, each from
+    alternating runs in the same process."""
+    out = {}
+    _progress("paired: fp16 vs fp32 decode ...")
+    q, ind, p32, bt, lens = make_decode(dec_b, dec_l, "float32", rng)
+    p16 = p32.astype(np.float16)
+    o = np.empty_like(q)
+    out["fp16_speedup"] = paired_ratio(
+        lambda: batch_paged_attention(q, ind, p32, 0, bt, lens, out=o, num_threads=nt),
+        lambda: batch_paged_attention(q, ind, p16, 0, bt, lens, out=o, num_threads=nt), repeats)
+    del p32, p16
+    gc.collect()
+    if nt > 1:
+        _progress("paired: prefill thread scaling ...")
+        q, ind, pages, bt, lens = make_decode(1, pre_l, "float32", rng, q_len=pre_l)
+        o = np.empty_like(q)
+        out["prefill_scaling"] = paired_ratio(
+            lambda: batch_paged_attention(q, ind, pages, 0, bt, lens, out=o, num_threads=1),
+            lambda: batch_paged_attention(q, ind, pages, 0, bt, lens, out=o, num_threads=nt),
+            max(3, repeats // 2))
+    return out
 
 
 def format_table(rows, bw):
@@ -179,7 +231,7 @@ def format_table(rows, bw):
         rate = f"{r['rate']:.1f} {r['unit']}"
         pct = f"{r['pct_bw']:.0f}%" if r["pct_bw"] is not None else "-"
         xn = f"{r['numpy']:.1f}x" if r["numpy"] is not None else "-"
-        xt = f"{r['torch']:.1f}x" if r["torch"] is not None else "n/a"
+        xt = f"{r['torch']:.1f}x" if r["torch"] is not None else ("n/a" if r.get("ran_baselines") else "-")
         lines.append(f"{r['case']:<34}{r['threads']:>4}{r['ms']:>10.2f}{rate:>16}{pct:>9}{xn:>9}{xt:>9}")
     lines.append("")
     lines.append("read bandwidth (read_bandwidth, same run): "
@@ -219,8 +271,12 @@ def main(argv=None):
     if nt == 1:
         specs = [s for i, s in enumerate(specs) if i not in (1, 5)]
     rows = []
-    for name, kind, b, l, dt, th, ql in specs:
-        rows.append(bench_case(name, kind, b, l, dt, th, rep, rng, bw, q_len=ql, baselines=base))
+    for i, (name, kind, b, l, dt, th, ql) in enumerate(specs):
+        rows.append(bench_case(name, kind, b, l, dt, th, rep, 1000 + i, bw, q_len=ql))
+    paired = paired_checks(dec_b, dec_l, pre_l, nt, rep, rng)
+    if base:
+        for i, ((name, kind, b, l, dt, th, ql), row) in enumerate(zip(specs, rows)):
+            baseline_case(row, kind, b, l, dt, th, rep, 1000 + i, q_len=ql)
     _progress("")
     sys.stderr.write("\r\033[K")
     print(f"pagedcy paged attention: H={H} Hkv={HKV} D={D} page_size={T}, random page order, "
@@ -230,10 +286,12 @@ def main(argv=None):
     d2, d1 = by.get((specs[0][0], nt)), by.get((specs[0][0], 1))
     f16 = by.get((specs[3][0], nt))
     if d2 and f16:
-        print(f"fp16 vs fp32 decode speed-up: {d2['ms'] / f16['ms']:.2f}x")
+        print(f"fp16 vs fp32 decode speed-up: {d2['ms'] / f16['ms']:.2f}x (table), "
+              f"{paired['fp16_speedup']:.2f}x (alternating runs, best of {rep} each)")
     p1, p2 = by.get((specs[-1][0], 1)), by.get((specs[-1][0], nt))
     if p1 and p2 and nt > 1:
-        print(f"prefill scaling 1 -> {nt} threads: {p1['ms'] / p2['ms']:.2f}x")
+        print(f"prefill scaling 1 -> {nt} threads: {p1['ms'] / p2['ms']:.2f}x (table), "
+              f"{paired['prefill_scaling']:.2f}x (alternating runs)")
     return rows
 
 

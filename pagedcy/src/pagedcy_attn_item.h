@@ -101,7 +101,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                         pfK = next_page + (int64_t)it->g0 * D * es;
                         pfV = next_page + ((int64_t)T * kv_dim + (int64_t)it->g0 * D) * es;
                     }
-                } else if (next_page) {
+                } else if (next_page && !(P->flags & 16)) {
                     pfK = next_page + hoff;
                     pfV = next_page + (int64_t)T * kv_dim * es + hoff;
                 }
@@ -141,18 +141,33 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                     }
                     Ks = W.kbuf; Vs = W.vbuf; kst = D; kdt = PAGEDCY_F32;
                 }
+#else
+                (void)pfK; (void)pfV;       /* the scalar path does not prefetch */
 #endif
                 int first = 1;
                 for (int b4 = 0; b4 < nblk; b4++) {
                     if (W.blo[b4] >= W.bhi[b4]) continue;
 #if PA_SIMD
-                    pa_qk4_avx2(qg + (int64_t)b4 * 4 * D, D, Ks, kst, W.blo[b4], W.bhi[b4],
+                    pa_qk4_avx2(qg + (int64_t)b4 * 4 * D, D, Ks, kst, W.blo[b4] & ~1, W.bhi[b4],
                                 W.S + (int64_t)b4 * 4 * Sld, Sld, first ? pfK : NULL, row_bytes, P->flags, kdt);
 #else
                     pa_qk4_scalar(qg + (int64_t)b4 * 4 * D, D, Kf, kst, W.blo[b4], W.bhi[b4],
                                   W.S + (int64_t)b4 * 4 * Sld, Sld);
 #endif
-                    int tb = W.blo[b4] & ~7, te = (W.bhi[b4] + 7) & ~7;
+#if PA_SIMD
+                    {
+                        float slope4[4], pos4[4];
+                        for (int k = 0; k < 4; k++) {
+                            int v = b4 * 4 + k, r = v / G;
+                            slope4[k] = (P->alibi && v < M) ? P->alibi[(it->g0 + gi) * G + v % G] : 0.0f;
+                            pos4[k] = (float)(tok0 - (delta + it->r0 + r));
+                        }
+                        pa_softmax4_avx2(W.S + (int64_t)b4 * 4 * Sld, W.blo[b4] >> 1, (W.bhi[b4] + 1) >> 1,
+                                         W.vlo + b4 * 4, W.vhi + b4 * 4, P->soft_cap, slope4, pos4,
+                                         mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
+                    }
+#else
+                    const int tb = W.blo[b4] & ~7, te = (W.bhi[b4] + 7) & ~7;
                     for (int v = b4 * 4; v < b4 * 4 + 4; v++) {
                         float *s = W.S + (int64_t)v * Sld;
                         if (W.vlo[v] > W.vhi[v]) {
@@ -163,23 +178,20 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                         int r = v / G, h = (it->g0 + gi) * G + v % G;
                         float slope = P->alibi ? P->alibi[h] : 0.0f;
                         float pos0 = (float)(tok0 - (delta + it->r0 + r));
-#if PA_SIMD
-                        W.alpha[v] = pa_softmax_row_avx2(s, tb, te, W.vlo[v], W.vhi[v], P->soft_cap,
-                                                         slope, pos0, mg + v, lg + v);
-#else
                         W.alpha[v] = pa_softmax_row_scalar(s, tb, te, W.vlo[v], W.vhi[v], P->soft_cap,
                                                            slope, pos0, mg + v, lg + v);
-#endif
                     }
+#endif
 #if PA_SIMD
                     pa_pv4_avx2(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld, Sld,
-                                Vs, kst, W.blo[b4], W.bhi[b4], first ? pfV : NULL,
+                                Vs, kst, W.blo[b4] & ~1, W.bhi[b4], first ? pfV : NULL,
                                 row_bytes, T, P->flags, kdt);
 #else
                     pa_pv4_scalar(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld,
                                   Sld, Vf, kst, W.blo[b4], W.bhi[b4]);
 #endif
                     first = 0;
+                    (void)first;
                 }
             }
         }
