@@ -154,6 +154,8 @@ cdef class PagePool:
         cdef Py_ssize_t i, k = as_index(n, "n")
         if k < 0:
             raise ValueError(f"n must be >= 0, got {k}")
+        if k > self.max_pages:
+            return None
         out = np.empty(k, dtype=np.int32)
         cdef int32_t[::1] o = out
         acquire(self.lock)

@@ -4,6 +4,8 @@ Documented: TypeError, ValueError, IndexError, PoolExhaustedError (a MemoryError
 KeyError for lookups by an unknown request id. Anything else (or a crash) fails.
 Bounded by Hypothesis' example count, so the whole file runs in seconds.
 """
+import os
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +14,8 @@ from hypothesis import strategies as st
 import pagedcy
 from pagedcy import EvictionPolicy, PagedKVCache, PagedKVCacheConfig, PagePool, PageTable
 from pagedcy._store import KVPageStore
+from pagedcy.executor import PagedAttentionExecutor, PagedExecutorConfig
+from pagedcy.manager import AllocationRequest, PagedKVCacheManager, paged_attention
 
 DOCUMENTED = (TypeError, ValueError, IndexError, pagedcy.PoolExhaustedError, KeyError)
 
@@ -87,11 +91,65 @@ def _targets():
         "store_read": lambda a: store.read(a[0], a[1], a[2], a[3], a[4]),
         "store_copy": lambda a: store.copy_pages_from(store, a[0], a[1]),
     }
+    t.update(_attention_targets(cache))
+    t.update(_manager_targets())
     return t
 
 
+def _attention_targets(cache):
+    pages = cache.pages()
+    q = np.ones((2, 4, 4), np.float32)
+    ind = np.array([0, 1, 2], np.int32)
+    bt = np.array([[0, 1], [1, 0]], np.int32)
+    lens = np.array([5, 3], np.int32)
+    attn = pagedcy.batch_paged_attention
+    return {
+        "attn_all": lambda a: attn(a[0], a[1], a[2], a[3], a[4], a[5 % len(a)]),
+        "attn_query": lambda a: attn(a[0], ind, pages, 0, bt, lens),
+        "attn_indptr": lambda a: attn(q, a[0], pages, 0, bt, lens),
+        "attn_pages": lambda a: attn(q, ind, a[0], 0, bt, lens),
+        "attn_layer": lambda a: attn(q, ind, pages, a[0], bt, lens),
+        "attn_tables": lambda a: attn(q, ind, pages, 0, a[0], lens),
+        "attn_lens": lambda a: attn(q, ind, pages, 0, bt, a[0]),
+        "attn_options": lambda a: attn(q, ind, pages, 0, bt, lens, scale=a[0], causal=a[1],
+                                       window_left=a[2], soft_cap=a[3], alibi_slopes=a[4]),
+        "attn_out": lambda a: attn(q, ind, pages, 0, bt, lens, out=a[0], num_threads=a[1]),
+        "cache_attention": lambda a: cache.attention(a[0], a[1]),
+        "merge_states": lambda a: pagedcy.merge_states(a[0], a[1], a[2], a[3]),
+    }
+
+
+def _manager_targets():
+    cfg = PagedKVCacheConfig(page_size=4, max_pages=8, num_layers=2, num_kv_heads=2, head_dim=4)
+    mgr = PagedKVCacheManager(cfg, enable_prefix_cache=True, swap_pages=4)
+    h = mgr.allocate(AllocationRequest("a", initial_tokens=6))
+    mgr.write_kv_tokens(h, 0, 0, np.ones((6, 8), np.float32), np.ones((6, 8), np.float32))
+    ex = PagedAttentionExecutor(PagedExecutorConfig(vocab_size=16, num_layers=2, num_heads=4,
+                                                    num_kv_heads=2, head_dim=4,
+                                                    max_sequence_length=32), mgr)
+    q = np.ones((1, 4, 4), np.float32)
+    return {
+        "mgr_allocate": lambda a: mgr.deallocate(mgr.allocate(AllocationRequest(*a[:4]))),
+        "mgr_allocate_blocks": lambda a: mgr.allocate_blocks(a[0], a[1]),
+        "mgr_allocate_blocks_h": lambda a: mgr.allocate_blocks(h, a[0]),
+        "mgr_extend": lambda a: mgr.extend(h, a[0]),
+        "mgr_write_kv": lambda a: mgr.write_kv(h, a[0], a[1], a[2], a[3]),
+        "mgr_write_kv_tokens": lambda a: mgr.write_kv_tokens(h, a[0], a[1], a[2], a[3]),
+        "mgr_read_kv": lambda a: mgr.read_kv(h, a[0], a[1], a[2]),
+        "mgr_set_num_tokens": lambda a: h.set_num_tokens(a[0]),
+        "mgr_attention": lambda a: mgr.attention(a[0], a[1], [h], a[2]),
+        "mgr_attention_q": lambda a: mgr.attention(0, q, a[0]),
+        "mgr_get_handle": lambda a: mgr.get_handle(a[0]),
+        "mgr_deallocate_junk": lambda a: mgr.deallocate(a[0]),
+        "mgr_fork_swap": lambda a: (mgr.swap_in(mgr.swap_out(mgr.fork(a[0])))),
+        "paged_attention": lambda a: paged_attention(a[0], a[1], 4, 2, 4, mgr, h, a[2], a[3]),
+        "exec_prefill": lambda a: ex.prefill(a[0]),
+        "exec_decode": lambda a: ex.decode(a[0], a[1]),
+    }
+
+
 @pytest.mark.parametrize("name", sorted(_targets()))
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=int(os.environ.get("PAGEDCY_FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=list(HealthCheck))
 @given(args=st.lists(junk, min_size=5, max_size=5))
 def test_only_documented_exceptions(name, args):
     fn = _targets()[name]
