@@ -34,6 +34,9 @@ class PoolAllocFree:
         for p in pages:
             self.pool.free(p)
 
+    def peakmem_pool_4096_pages(self):
+        PagePool(4096, 64 * 1024).alloc_many(4096)
+
 
 class TableResolve:
     """resolve() over a 1024-page table."""
@@ -54,6 +57,11 @@ class TableResolve:
         for _ in range(1024):
             t.push_page(t.pop_front_page())
 
+    def peakmem_table_1m_pages(self):
+        t = PageTable(16)
+        for p in range(1 << 20):
+            t.push_page(p)
+
 
 class AppendPerToken:
     """append_kv_layer for every layer + advance, one token at a time (decode-style writes)."""
@@ -68,6 +76,18 @@ class AppendPerToken:
         self.rows = np.random.default_rng(0).standard_normal((self.n, 8 * 128), dtype=np.float32)
 
     def time_append_256_tokens(self, dtype, eviction):
+        self._append()
+
+    def peakmem_append_256_tokens(self, dtype, eviction):
+        self._append()
+
+    def track_append_kv_layer_us_per_call(self, dtype, eviction):
+        t0 = time.perf_counter()
+        self._append()
+        return (time.perf_counter() - t0) / (4 * self.n) * 1e6
+    track_append_kv_layer_us_per_call.unit = "us"
+
+    def _append(self):
         c = self.cache
         c.reset()
         rows = self.rows
