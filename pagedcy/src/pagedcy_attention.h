@@ -42,7 +42,7 @@ typedef struct {
     int32_t use_simd;
     /* Private tuning switches for A/B runs, 0 = defaults: 1 prefetch to L1
      * instead of L2, 2 prefetch the next head's slice instead of the next
-     * page's, 4 no K/V packing, 8 plain largest-first item order, 16 no
+     * page's, 4 no K/V packing, 64 no permuted bf16 loads, 8 plain largest-first item order, 16 no
      * prefetch, 128/256/512 prefill items of 128/32/256 query vectors. */
     int32_t flags;
 } pagedcy_attn_params;

@@ -27,6 +27,35 @@ PA_AVX2_INLINE __m256 pa_ld8(const void *base, int64_t idx, int dtype) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+/* bf16 read directly by the decode kernels ("bf16, permuted"): 16 values are
+ * widened with two unpacks against zero, which run on the shuffle port and
+ * leave the FMA ports to the FMAs (vpmovzxwd + vpslld would take one FMA-port
+ * slot per 8 values). The unpacks return elements {0-3, 8-11} and
+ * {4-7, 12-15} of each 16-chunk, so an item using this mode stores its
+ * queries and accumulators with the middle two 4-groups of every 16-chunk
+ * swapped (pa_swap_mid) and swaps back when writing results. */
+#define PA_BF16P 3
+
+PA_AVX2_INLINE void pa_ld16_bf16p(const void *base, int64_t idx, __m256 *lo, __m256 *hi) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx));
+    *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), x));
+    *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), x));
+}
+
+/* dst = src * scale with the middle 4-groups of each 16-chunk swapped (an
+ * involution: the same call undoes it). n % 16 == 0. */
+PA_AVX2_INLINE void pa_swap_mid_scale(float *dst, const float *src, int n, float scale) {
+    const __m128 s = _mm_set1_ps(scale);
+    for (int d = 0; d < n; d += 16) {
+        __m128 a = _mm_loadu_ps(src + d), b = _mm_loadu_ps(src + d + 4);
+        __m128 c = _mm_loadu_ps(src + d + 8), e = _mm_loadu_ps(src + d + 12);
+        _mm_storeu_ps(dst + d, _mm_mul_ps(a, s));
+        _mm_storeu_ps(dst + d + 4, _mm_mul_ps(c, s));
+        _mm_storeu_ps(dst + d + 8, _mm_mul_ps(b, s));
+        _mm_storeu_ps(dst + d + 12, _mm_mul_ps(e, s));
+    }
+}
+
 /* Eight dot-product accumulators -> one vector [a,b,c,d,e,f,g,h] of their
  * sums; one transpose-add instead of eight horizontal reductions. */
 PA_AVX2_INLINE __m256 pa_hsum8(__m256 a, __m256 b, __m256 c, __m256 d,
@@ -109,8 +138,7 @@ PA_AVX2_INLINE __m256 pa_tanh8(__m256 x) {
 PA_AVX2_INLINE __m256 pa_qk4_pair(const float *q, int D, const char *kb0, const char *kb1, int dtype) {
     const float *q0 = q, *q1 = q + D, *q2 = q + 2 * D, *q3 = q + 3 * D;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-#define PA_QK_STEP(dd) do { \
-        __m256 k0 = pa_ld8(kb0, (dd), dtype), k1 = pa_ld8(kb1, (dd), dtype); \
+#define PA_QK_STEPK(dd, k0, k1) do { \
         __m256 x0 = _mm256_loadu_ps(q0 + (dd)), x1 = _mm256_loadu_ps(q1 + (dd)); \
         a0 = _mm256_fmadd_ps(x0, k0, a0); a1 = _mm256_fmadd_ps(x0, k1, a1); \
         a2 = _mm256_fmadd_ps(x1, k0, a2); a3 = _mm256_fmadd_ps(x1, k1, a3); \
@@ -118,10 +146,25 @@ PA_AVX2_INLINE __m256 pa_qk4_pair(const float *q, int D, const char *kb0, const 
         a4 = _mm256_fmadd_ps(x2, k0, a4); a5 = _mm256_fmadd_ps(x2, k1, a5); \
         a6 = _mm256_fmadd_ps(x3, k0, a6); a7 = _mm256_fmadd_ps(x3, k1, a7); \
     } while (0)
+#define PA_QK_STEP(dd) do { \
+        __m256 k0_ = pa_ld8(kb0, (dd), dtype), k1_ = pa_ld8(kb1, (dd), dtype); \
+        PA_QK_STEPK((dd), k0_, k1_); \
+    } while (0)
     int d = 0;
-    for (; d + 16 <= D; d += 16) { PA_QK_STEP(d); PA_QK_STEP(d + 8); }
-    if (d < D) PA_QK_STEP(d);
+    if (dtype == PA_BF16P) {
+        for (; d < D; d += 16) {
+            __m256 k0l, k0h, k1l, k1h;
+            pa_ld16_bf16p(kb0, d, &k0l, &k0h);
+            pa_ld16_bf16p(kb1, d, &k1l, &k1h);
+            PA_QK_STEPK(d, k0l, k1l);
+            PA_QK_STEPK(d + 8, k0h, k1h);
+        }
+    } else {
+        for (; d + 16 <= D; d += 16) { PA_QK_STEP(d); PA_QK_STEP(d + 8); }
+        if (d < D) PA_QK_STEP(d);
+    }
 #undef PA_QK_STEP
+#undef PA_QK_STEPK
     return pa_hsum8(a0, a1, a2, a3, a4, a5, a6, a7);
 }
 
@@ -173,7 +216,9 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
         const int64_t vsb = vs * (dtype == PAGEDCY_F32 ? 4 : 2);
         const char *vr = (const char *)V + ((int64_t)tlo * vs + d) * (dtype == PAGEDCY_F32 ? 4 : 2);
 #define PA_PV_STEP(row, pp) do { \
-            __m256 v0 = pa_ld8((row), 0, dtype), v1 = pa_ld8((row), 8, dtype); \
+            __m256 v0, v1; \
+            if (dtype == PA_BF16P) pa_ld16_bf16p((row), 0, &v0, &v1); \
+            else { v0 = pa_ld8((row), 0, dtype); v1 = pa_ld8((row), 8, dtype); } \
             __m256 b; \
             b = _mm256_broadcast_ss((pp)); c00 = _mm256_fmadd_ps(b, v0, c00); c01 = _mm256_fmadd_ps(b, v1, c01); \
             b = _mm256_broadcast_ss((pp) + 2); c10 = _mm256_fmadd_ps(b, v0, c10); c11 = _mm256_fmadd_ps(b, v1, c11); \
@@ -215,7 +260,8 @@ PA_AVX2 static void pa_qk4_avx2(const float *q, int D, const void *K, int64_t ks
                                 float *S, int Sld, const char *pf, int64_t pf_row_bytes, int flags, int dtype) {
     if (dtype == PAGEDCY_F32) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_F32);
     else if (dtype == PAGEDCY_F16) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_F16);
-    else pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_BF16);
+    else if (dtype == PAGEDCY_BF16) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_BF16);
+    else pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PA_BF16P);
 }
 
 PA_AVX2 static void pa_pv4_avx2(float *O, int D, const float *alpha, const float *P, int Sld,
@@ -223,7 +269,8 @@ PA_AVX2 static void pa_pv4_avx2(float *O, int D, const float *alpha, const float
                                 const char *pf, int64_t pf_row_bytes, int pf_rows, int flags, int dtype) {
     if (dtype == PAGEDCY_F32) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_F32);
     else if (dtype == PAGEDCY_F16) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_F16);
-    else pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_BF16);
+    else if (dtype == PAGEDCY_BF16) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_BF16);
+    else pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PA_BF16P);
 }
 
 /* Reduce four 8-float vectors to one 4-float vector of their maxima / sums. */

@@ -26,6 +26,13 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
 
     pagedcy_attn_ws W;
     pagedcy_attn_ws_layout(&W, ws, ng, Mp, D, T);
+    /* several row blocks per head: K/V slices get packed to float32 */
+    const int packed = nblk > 1 && !(P->flags & 4);
+#if PA_SIMD
+    const int perm = P->dtype == PAGEDCY_BF16 && D % 16 == 0 && !packed && !(P->flags & 64);
+#else
+    (void)packed;
+#endif
 
     /* Pack the item's query vectors, pre-scaled: the score is then a plain dot. */
     for (int gi = 0; gi < ng; gi++) {
@@ -36,7 +43,8 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
             int r = v / G, hh = v % G;
             const float *src = P->q + ((q_start + it->r0 + r) * P->H + (int64_t)(it->g0 + gi) * G + hh) * D;
 #if PA_SIMD
-            pa_scale_copy_avx2(dst, src, D, P->scale);
+            if (perm) pa_swap_mid_scale(dst, src, D, P->scale);
+            else pa_scale_copy_avx2(dst, src, D, P->scale);
 #else
             for (int d = 0; d < D; d++) dst[d] = src[d] * P->scale;
 #endif
@@ -126,8 +134,8 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                  * sets and would be refetched from L2 by every block. */
                 const void *Ks = Kg, *Vs = Vg;
                 int64_t kst = kv_dim;
-                int kdt = P->dtype;
-                if (nblk > 1 && !(P->flags & 4)) {
+                int kdt = perm ? PA_BF16P : P->dtype;
+                if (packed) {
                     for (int t = 0; t < nt; t++) {
                         pa_pack_row_avx2(W.kbuf + (int64_t)t * D, Kg + (int64_t)t * kv_dim * es, D, P->dtype);
                         pa_pack_row_avx2(W.vbuf + (int64_t)t * D, Vg + (int64_t)t * kv_dim * es, D, P->dtype);
@@ -216,7 +224,8 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 lse_dst = P->lse ? P->lse + row : NULL;
             }
 #if PA_SIMD
-            pa_scale_copy_avx2(dst, o, D, inv);
+            if (perm) pa_swap_mid_scale(dst, o, D, inv);
+            else pa_scale_copy_avx2(dst, o, D, inv);
 #else
             for (int d = 0; d < D; d++) dst[d] = o[d] * inv;
 #endif
