@@ -150,7 +150,7 @@ PA_AVX2_INLINE __m256 pa_qk4_pair(const float *q, int D, const char *kb0, const 
         __m256 k0_ = pa_ld8(kb0, (dd), dtype), k1_ = pa_ld8(kb1, (dd), dtype); \
         PA_QK_STEPK((dd), k0_, k1_); \
     } while (0)
-    int d = 0;
+    int64_t d = 0;       /* 64-bit: no sign extension per load in the loop */
     if (dtype == PA_BF16P) {
         for (; d < D; d += 16) {
             __m256 k0l, k0h, k1l, k1h;
