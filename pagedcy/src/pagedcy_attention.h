@@ -290,7 +290,7 @@ static inline void pa_block_range(const pagedcy_attn_params *P, int b, int64_t r
 }
 
 /* fill == 0: count only. Returns 0, or -1 when the item count overflows. */
-static int pa_plan_pass(const pagedcy_attn_params *P, int nthreads, int64_t kv_chunk,
+static int pa_plan_pass(const pagedcy_attn_params *P, int64_t kv_chunk,
                         pagedcy_attn_plan *pl, int fill, double max_cost) {
     const int G = P->H / P->Hkv, T = P->T;
     int64_t ni = 0, ngp = 0, po = 0, plo = 0, ws = 0;
@@ -372,21 +372,21 @@ static inline pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_param
     double max_cost = 0.0;
     if (nthreads > 1 && kv_chunk == 0) {
         /* total cost without splits; items above a third of a thread's share get split */
-        pa_plan_pass(P, nthreads, -1, pl, 0, 0.0);
+        pa_plan_pass(P, -1, pl, 0, 0.0);
         pl->items = (pagedcy_attn_item *)malloc(sizeof(pagedcy_attn_item) * (pl->nitems ? pl->nitems : 1));
         if (!pl->items) { free(pl); return NULL; }
-        pa_plan_pass(P, nthreads, -1, pl, 1, 0.0);
+        pa_plan_pass(P, -1, pl, 1, 0.0);
         double tot = 0.0;
         for (int64_t i = 0; i < pl->nitems; i++) tot += pl->items[i].cost;
         free(pl->items);
         pl->items = NULL;
         max_cost = tot / (8.0 * nthreads);
     }
-    pa_plan_pass(P, nthreads, kv_chunk, pl, 0, max_cost);
+    pa_plan_pass(P, kv_chunk, pl, 0, max_cost);
     pl->items = (pagedcy_attn_item *)malloc(sizeof(pagedcy_attn_item) * (pl->nitems ? pl->nitems : 1));
     pl->groups = (pagedcy_attn_group *)malloc(sizeof(pagedcy_attn_group) * (pl->ngroups ? pl->ngroups : 1));
     if (!pl->items || !pl->groups) { free(pl->items); free(pl->groups); free(pl); return NULL; }
-    pa_plan_pass(P, nthreads, kv_chunk, pl, 1, max_cost);
+    pa_plan_pass(P, kv_chunk, pl, 1, max_cost);
     /* Order: (sequence, KV head) groups largest first, and inside a group the
      * largest items first. Dynamic scheduling then balances the tail, while
      * consecutive items of a thread mostly reread the same head's K/V pages,
