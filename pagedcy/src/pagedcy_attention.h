@@ -72,6 +72,7 @@ typedef struct {
     float *qp, *O, *m, *l, *S, *alpha, *kbuf, *vbuf;
     int64_t *rlo, *rhi;
     int32_t *vlo, *vhi, *blo, *bhi;
+    int32_t *vrow, *vhh;         /* query vector -> row, head within group */
 } pagedcy_attn_ws;
 
 static inline int64_t pa_al16(int64_t n) { return (n + 15) & ~(int64_t)15; }
@@ -95,6 +96,8 @@ static inline int64_t pagedcy_attn_ws_layout(pagedcy_attn_ws *W, float *base, in
     PA_TAKE(vhi, int32_t, Mp);
     PA_TAKE(blo, int32_t, Mp);
     PA_TAKE(bhi, int32_t, Mp);
+    PA_TAKE(vrow, int32_t, Mp);
+    PA_TAKE(vhh, int32_t, Mp);
 #undef PA_TAKE
     return off;
 }

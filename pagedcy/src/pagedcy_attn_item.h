@@ -35,6 +35,13 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
     (void)packed;
 #endif
 
+    /* v -> (row, head in group) once: integer division by the runtime G in
+     * the per-page loops cost as much as the softmax itself. */
+    for (int v = 0; v < Mp; v++) {
+        W.vrow[v] = v < M ? v / G : 0;
+        W.vhh[v] = v < M ? v % G : 0;
+    }
+
     /* Pack the item's query vectors, pre-scaled: the score is then a plain dot. */
     for (int gi = 0; gi < ng; gi++) {
         float *qd = W.qp + (int64_t)gi * Mp * D;
@@ -84,7 +91,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
             for (int v = 0; v < Mp; v++) {
                 int vlo = 1, vhi = 0;
                 if (v < M) {
-                    int r = v / G;
+                    const int r = W.vrow[v];
                     int64_t a = W.rlo[r] > tok0 ? W.rlo[r] - tok0 : 0;
                     int64_t z = W.rhi[r] - tok0;
                     if (z > nt - 1) z = nt - 1;
@@ -167,9 +174,9 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                     {
                         float slope4[4], pos4[4];
                         for (int k = 0; k < 4; k++) {
-                            int v = b4 * 4 + k, r = v / G;
-                            slope4[k] = (P->alibi && v < M) ? P->alibi[(it->g0 + gi) * G + v % G] : 0.0f;
-                            pos4[k] = (float)(tok0 - (delta + it->r0 + r));
+                            const int v = b4 * 4 + k;
+                            slope4[k] = (P->alibi && v < M) ? P->alibi[(it->g0 + gi) * G + W.vhh[v]] : 0.0f;
+                            pos4[k] = (float)(tok0 - (delta + it->r0 + W.vrow[v]));
                         }
                         pa_softmax4_avx2(W.S + (int64_t)b4 * 4 * Sld, W.blo[b4] >> 1, (W.bhi[b4] + 1) >> 1,
                                          W.vlo + b4 * 4, W.vhi + b4 * 4, P->soft_cap, slope4, pos4,
@@ -184,7 +191,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                             for (int t = tb; t < te; t++) s[t] = 0.0f;
                             continue;
                         }
-                        int r = v / G, h = (it->g0 + gi) * G + v % G;
+                        int r = W.vrow[v], h = (it->g0 + gi) * G + W.vhh[v];
                         float slope = P->alibi ? P->alibi[h] : 0.0f;
                         float pos0 = (float)(tok0 - (delta + it->r0 + r));
                         W.alpha[v] = pa_softmax_row_scalar(s, tb, te, W.vlo[v], W.vhi[v], P->soft_cap,
