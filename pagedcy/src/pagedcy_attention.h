@@ -77,6 +77,16 @@ typedef struct {
 
 static inline int64_t pa_al16(int64_t n) { return (n + 15) & ~(int64_t)15; }
 
+/* An item with many 4-row blocks per head ("prefill") packs each page's K/V
+ * slice (K transposed) and runs the 12-row micro-kernels, so it pads its
+ * query vectors to a multiple of 12; otherwise to a multiple of 4. */
+static inline int pa_item_packed(int M, int flags) {
+    return ((M + 3) & ~3) >= 32 && !(flags & 4);
+}
+static inline int pa_item_mp(int M, int flags) {
+    return pa_item_packed(M, flags) ? (M + 11) / 12 * 12 : (M + 3) & ~3;
+}
+
 /* Lays the scratch out in `base` (NULL: only measure); returns its size in floats. */
 static inline int64_t pagedcy_attn_ws_layout(pagedcy_attn_ws *W, float *base, int ng, int Mp, int D, int T) {
     const int64_t Sld = (T + 7) & ~7;
@@ -88,7 +98,7 @@ static inline int64_t pagedcy_attn_ws_layout(pagedcy_attn_ws *W, float *base, in
     PA_TAKE(l, float, (int64_t)ng * Mp);
     PA_TAKE(S, float, (int64_t)Mp * Sld);
     PA_TAKE(alpha, float, Mp);
-    PA_TAKE(kbuf, float, (int64_t)T * D);
+    PA_TAKE(kbuf, float, (int64_t)Sld * D);     /* [T][D], or K^T as [D][Sld] */
     PA_TAKE(vbuf, float, (int64_t)T * D);
     PA_TAKE(rlo, int64_t, 2 * (int64_t)Mp);
     PA_TAKE(rhi, int64_t, 2 * (int64_t)Mp);
@@ -307,7 +317,7 @@ static int pa_plan_pass(const pagedcy_attn_params *P, int64_t kv_chunk,
         else { rb = ((P->flags & 128) ? 128 : (P->flags & 256) ? 32 : (P->flags & 512) ? 256 : PAGEDCY_ATTN_PREFILL_M) / G; if (rb < 1) rb = 1; ng = 1; }
         for (int64_t r0 = 0; r0 < q_len; r0 += rb) {
             const int nr = (int)(q_len - r0 < rb ? q_len - r0 : rb);
-            const int M = nr * G, Mp = (M + 3) & ~3;
+            const int M = nr * G, Mp = pa_item_mp(M, P->flags);
             int64_t lo, hi;
             pa_block_range(P, b, r0, nr, &lo, &hi);
             const int64_t start = (lo / T) * T;
