@@ -170,6 +170,11 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     Raises TypeError (dtypes), ValueError (shapes, ranges, non-contiguous
     kv_pages/out, q_len > kv_len, ...), IndexError (layer or a needed page id
     out of range), MemoryError.
+
+    Underscored keywords are private test/tuning switches: ``_kv_chunk``
+    (tokens per KV split; 0 automatic, < 0 never split), ``_force_scalar``,
+    ``_flags`` (see pagedcy_attn_params.flags) and ``_repeat`` (run the
+    kernel n times without the GIL, for microbenchmarks).
     """
     cdef pagedcy_attn_params P
     # --- query

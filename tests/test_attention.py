@@ -117,6 +117,16 @@ def test_half_storage(dtype, D):
              _force_scalar=True)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_few_row_blocks(dtype):
+    # 2..7 four-row blocks per KV head: read straight from the pool (no
+    # packing), which for bf16 also means the permuted-unpack loads
+    rng = np.random.default_rng(17)
+    run_case(rng, q_lens=[1, 3, 2], kv_lens=[40, 70, 2], H=16, Hkv=2, D=64, T=16, dtype=dtype)
+    run_case(rng, q_lens=[1, 3], kv_lens=[33, 50], H=16, Hkv=2, D=128, T=16, dtype=dtype,
+             causal=False, alibi=True)
+
+
 def test_ml_dtypes_bfloat16():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     rng = np.random.default_rng(1)

@@ -42,8 +42,9 @@ typedef struct {
     int32_t use_simd;
     /* Private tuning switches for A/B runs, 0 = defaults: 1 prefetch to L1
      * instead of L2, 2 prefetch the next head's slice instead of the next
-     * page's, 4 no K/V packing, 8 plain largest-first item order, 16 no
-     * prefetch, 128/256/512 prefill items of 128/32/256 query vectors. */
+     * page's, 4 no K/V packing, 64 no permuted bf16 loads, 8 plain largest-first item order, 16 no
+     * prefetch, 128/256/512 prefill items of 128/32/256 query vectors, 1024 no
+     * 3-token score kernel. */
     int32_t flags;
 } pagedcy_attn_params;
 
@@ -72,9 +73,20 @@ typedef struct {
     float *qp, *O, *m, *l, *S, *alpha, *kbuf, *vbuf;
     int64_t *rlo, *rhi;
     int32_t *vlo, *vhi, *blo, *bhi;
+    int32_t *vrow, *vhh;         /* query vector -> row, head within group */
 } pagedcy_attn_ws;
 
 static inline int64_t pa_al16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+/* An item with many 4-row blocks per head ("prefill") packs each page's K/V
+ * slice (K transposed) and runs the 12-row micro-kernels, so it pads its
+ * query vectors to a multiple of 12; otherwise to a multiple of 4. */
+static inline int pa_item_packed(int M, int flags) {
+    return ((M + 3) & ~3) >= 32 && !(flags & 4);
+}
+static inline int pa_item_mp(int M, int flags) {
+    return pa_item_packed(M, flags) ? (M + 11) / 12 * 12 : (M + 3) & ~3;
+}
 
 /* Lays the scratch out in `base` (NULL: only measure); returns its size in floats. */
 static inline int64_t pagedcy_attn_ws_layout(pagedcy_attn_ws *W, float *base, int ng, int Mp, int D, int T) {
@@ -87,7 +99,7 @@ static inline int64_t pagedcy_attn_ws_layout(pagedcy_attn_ws *W, float *base, in
     PA_TAKE(l, float, (int64_t)ng * Mp);
     PA_TAKE(S, float, (int64_t)Mp * Sld);
     PA_TAKE(alpha, float, Mp);
-    PA_TAKE(kbuf, float, (int64_t)T * D);
+    PA_TAKE(kbuf, float, (int64_t)Sld * D);     /* [T][D], or K^T as [D][Sld] */
     PA_TAKE(vbuf, float, (int64_t)T * D);
     PA_TAKE(rlo, int64_t, 2 * (int64_t)Mp);
     PA_TAKE(rhi, int64_t, 2 * (int64_t)Mp);
@@ -95,6 +107,8 @@ static inline int64_t pagedcy_attn_ws_layout(pagedcy_attn_ws *W, float *base, in
     PA_TAKE(vhi, int32_t, Mp);
     PA_TAKE(blo, int32_t, Mp);
     PA_TAKE(bhi, int32_t, Mp);
+    PA_TAKE(vrow, int32_t, Mp);
+    PA_TAKE(vhh, int32_t, Mp);
 #undef PA_TAKE
     return off;
 }
@@ -290,7 +304,7 @@ static inline void pa_block_range(const pagedcy_attn_params *P, int b, int64_t r
 }
 
 /* fill == 0: count only. Returns 0, or -1 when the item count overflows. */
-static int pa_plan_pass(const pagedcy_attn_params *P, int nthreads, int64_t kv_chunk,
+static int pa_plan_pass(const pagedcy_attn_params *P, int64_t kv_chunk,
                         pagedcy_attn_plan *pl, int fill, double max_cost) {
     const int G = P->H / P->Hkv, T = P->T;
     int64_t ni = 0, ngp = 0, po = 0, plo = 0, ws = 0;
@@ -304,7 +318,7 @@ static int pa_plan_pass(const pagedcy_attn_params *P, int nthreads, int64_t kv_c
         else { rb = ((P->flags & 128) ? 128 : (P->flags & 256) ? 32 : (P->flags & 512) ? 256 : PAGEDCY_ATTN_PREFILL_M) / G; if (rb < 1) rb = 1; ng = 1; }
         for (int64_t r0 = 0; r0 < q_len; r0 += rb) {
             const int nr = (int)(q_len - r0 < rb ? q_len - r0 : rb);
-            const int M = nr * G, Mp = (M + 3) & ~3;
+            const int M = nr * G, Mp = pa_item_mp(M, P->flags);
             int64_t lo, hi;
             pa_block_range(P, b, r0, nr, &lo, &hi);
             const int64_t start = (lo / T) * T;
@@ -372,21 +386,21 @@ static inline pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_param
     double max_cost = 0.0;
     if (nthreads > 1 && kv_chunk == 0) {
         /* total cost without splits; items above a third of a thread's share get split */
-        pa_plan_pass(P, nthreads, -1, pl, 0, 0.0);
+        pa_plan_pass(P, -1, pl, 0, 0.0);
         pl->items = (pagedcy_attn_item *)malloc(sizeof(pagedcy_attn_item) * (pl->nitems ? pl->nitems : 1));
         if (!pl->items) { free(pl); return NULL; }
-        pa_plan_pass(P, nthreads, -1, pl, 1, 0.0);
+        pa_plan_pass(P, -1, pl, 1, 0.0);
         double tot = 0.0;
         for (int64_t i = 0; i < pl->nitems; i++) tot += pl->items[i].cost;
         free(pl->items);
         pl->items = NULL;
         max_cost = tot / (8.0 * nthreads);
     }
-    pa_plan_pass(P, nthreads, kv_chunk, pl, 0, max_cost);
+    pa_plan_pass(P, kv_chunk, pl, 0, max_cost);
     pl->items = (pagedcy_attn_item *)malloc(sizeof(pagedcy_attn_item) * (pl->nitems ? pl->nitems : 1));
     pl->groups = (pagedcy_attn_group *)malloc(sizeof(pagedcy_attn_group) * (pl->ngroups ? pl->ngroups : 1));
     if (!pl->items || !pl->groups) { free(pl->items); free(pl->groups); free(pl); return NULL; }
-    pa_plan_pass(P, nthreads, kv_chunk, pl, 1, max_cost);
+    pa_plan_pass(P, kv_chunk, pl, 1, max_cost);
     /* Order: (sequence, KV head) groups largest first, and inside a group the
      * largest items first. Dynamic scheduling then balances the tail, while
      * consecutive items of a thread mostly reread the same head's K/V pages,

@@ -27,6 +27,35 @@ PA_AVX2_INLINE __m256 pa_ld8(const void *base, int64_t idx, int dtype) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+/* bf16 read directly by the decode kernels ("bf16, permuted"): 16 values are
+ * widened with two unpacks against zero, which run on the shuffle port and
+ * leave the FMA ports to the FMAs (vpmovzxwd + vpslld would take one FMA-port
+ * slot per 8 values). The unpacks return elements {0-3, 8-11} and
+ * {4-7, 12-15} of each 16-chunk, so an item using this mode stores its
+ * queries and accumulators with the middle two 4-groups of every 16-chunk
+ * swapped (pa_swap_mid) and swaps back when writing results. */
+#define PA_BF16P 3
+
+PA_AVX2_INLINE void pa_ld16_bf16p(const void *base, int64_t idx, __m256 *lo, __m256 *hi) {
+    __m256i x = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx));
+    *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), x));
+    *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), x));
+}
+
+/* dst = src * scale with the middle 4-groups of each 16-chunk swapped (an
+ * involution: the same call undoes it). n % 16 == 0. */
+PA_AVX2_INLINE void pa_swap_mid_scale(float *dst, const float *src, int n, float scale) {
+    const __m128 s = _mm_set1_ps(scale);
+    for (int d = 0; d < n; d += 16) {
+        __m128 a = _mm_loadu_ps(src + d), b = _mm_loadu_ps(src + d + 4);
+        __m128 c = _mm_loadu_ps(src + d + 8), e = _mm_loadu_ps(src + d + 12);
+        _mm_storeu_ps(dst + d, _mm_mul_ps(a, s));
+        _mm_storeu_ps(dst + d + 4, _mm_mul_ps(c, s));
+        _mm_storeu_ps(dst + d + 8, _mm_mul_ps(b, s));
+        _mm_storeu_ps(dst + d + 12, _mm_mul_ps(e, s));
+    }
+}
+
 /* Eight dot-product accumulators -> one vector [a,b,c,d,e,f,g,h] of their
  * sums; one transpose-add instead of eight horizontal reductions. */
 PA_AVX2_INLINE __m256 pa_hsum8(__m256 a, __m256 b, __m256 c, __m256 d,
@@ -109,8 +138,7 @@ PA_AVX2_INLINE __m256 pa_tanh8(__m256 x) {
 PA_AVX2_INLINE __m256 pa_qk4_pair(const float *q, int D, const char *kb0, const char *kb1, int dtype) {
     const float *q0 = q, *q1 = q + D, *q2 = q + 2 * D, *q3 = q + 3 * D;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-#define PA_QK_STEP(dd) do { \
-        __m256 k0 = pa_ld8(kb0, (dd), dtype), k1 = pa_ld8(kb1, (dd), dtype); \
+#define PA_QK_STEPK(dd, k0, k1) do { \
         __m256 x0 = _mm256_loadu_ps(q0 + (dd)), x1 = _mm256_loadu_ps(q1 + (dd)); \
         a0 = _mm256_fmadd_ps(x0, k0, a0); a1 = _mm256_fmadd_ps(x0, k1, a1); \
         a2 = _mm256_fmadd_ps(x1, k0, a2); a3 = _mm256_fmadd_ps(x1, k1, a3); \
@@ -118,18 +146,81 @@ PA_AVX2_INLINE __m256 pa_qk4_pair(const float *q, int D, const char *kb0, const 
         a4 = _mm256_fmadd_ps(x2, k0, a4); a5 = _mm256_fmadd_ps(x2, k1, a5); \
         a6 = _mm256_fmadd_ps(x3, k0, a6); a7 = _mm256_fmadd_ps(x3, k1, a7); \
     } while (0)
-    int d = 0;
-    for (; d + 16 <= D; d += 16) { PA_QK_STEP(d); PA_QK_STEP(d + 8); }
-    if (d < D) PA_QK_STEP(d);
+#define PA_QK_STEP(dd) do { \
+        __m256 k0_ = pa_ld8(kb0, (dd), dtype), k1_ = pa_ld8(kb1, (dd), dtype); \
+        PA_QK_STEPK((dd), k0_, k1_); \
+    } while (0)
+    int64_t d = 0;       /* 64-bit: no sign extension per load in the loop */
+    if (dtype == PA_BF16P) {
+        for (; d < D; d += 16) {
+            __m256 k0l, k0h, k1l, k1h;
+            pa_ld16_bf16p(kb0, d, &k0l, &k0h);
+            pa_ld16_bf16p(kb1, d, &k1l, &k1h);
+            PA_QK_STEPK(d, k0l, k1l);
+            PA_QK_STEPK(d + 8, k0h, k1h);
+        }
+    } else {
+        for (; d + 16 <= D; d += 16) { PA_QK_STEP(d); PA_QK_STEP(d + 8); }
+        if (d < D) PA_QK_STEP(d);
+    }
 #undef PA_QK_STEP
+#undef PA_QK_STEPK
     return pa_hsum8(a0, a1, a2, a3, a4, a5, a6, a7);
+}
+
+/* Three tokens against 4 query rows with 12 accumulators (8 chains leave
+ * the FMA ports ~10% idle at a 4-cycle latency): returns the pair vector of
+ * tokens (kb0, kb1) and the 4 scores [r0..r3] of token kb2. q is read as FMA
+ * memory operands, so 12 accumulators + 3 K registers fit in 16. */
+PA_AVX2_INLINE void pa_qk4_tri(const float *q, int D, const char *kb0, const char *kb1, const char *kb2,
+                               int dtype, __m256 *pair, __m128 *single) {
+    const float *q0 = q, *q1 = q + D, *q2 = q + 2 * D, *q3 = q + 3 * D;
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
+    __m256 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+    for (int64_t d = 0; d < D; d += 8) {
+        __m256 k0 = pa_ld8(kb0, d, dtype), k1 = pa_ld8(kb1, d, dtype), k2 = pa_ld8(kb2, d, dtype);
+        __m256 x = _mm256_loadu_ps(q0 + d);
+        a00 = _mm256_fmadd_ps(x, k0, a00); a01 = _mm256_fmadd_ps(x, k1, a01); a02 = _mm256_fmadd_ps(x, k2, a02);
+        x = _mm256_loadu_ps(q1 + d);
+        a10 = _mm256_fmadd_ps(x, k0, a10); a11 = _mm256_fmadd_ps(x, k1, a11); a12 = _mm256_fmadd_ps(x, k2, a12);
+        x = _mm256_loadu_ps(q2 + d);
+        a20 = _mm256_fmadd_ps(x, k0, a20); a21 = _mm256_fmadd_ps(x, k1, a21); a22 = _mm256_fmadd_ps(x, k2, a22);
+        x = _mm256_loadu_ps(q3 + d);
+        a30 = _mm256_fmadd_ps(x, k0, a30); a31 = _mm256_fmadd_ps(x, k1, a31); a32 = _mm256_fmadd_ps(x, k2, a32);
+    }
+    *pair = pa_hsum8(a00, a01, a10, a11, a20, a21, a30, a31);
+    __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a02, a12), _mm256_hadd_ps(a22, a32));
+    *single = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
 }
 
 PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
                              int tlo, int thi, float *S, int Sld,
                              const char *pf, int64_t pf_row_bytes, int flags, int dtype) {
     const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2;
-    for (int t = tlo; t < thi; t += 2) {
+    int t = tlo;
+    if (dtype != PA_BF16P && !(flags & 1024)) {
+        /* six tokens = pairs (t, t+1), (t+2, t+3), (t+4, t+5) from two
+         * 3-token passes: (t, t+1 | t+2) and (t+4, t+5 | t+3) */
+        for (; t + 6 <= thi; t += 6) {
+            const char *kb = (const char *)K + (int64_t)t * ks * es;
+            const int64_t rs = ks * es;
+            if (pf) {
+                const char *r0 = pf + (int64_t)t * rs;
+                for (int i = 0; i < 6; i++)
+                    for (int64_t b = 0; b < pf_row_bytes; b += 64) PA_PF(r0 + i * rs + b);
+            }
+            __m256 p0, p2;
+            __m128 s2, s3;
+            pa_qk4_tri(q, D, kb, kb + rs, kb + 2 * rs, dtype, &p0, &s2);
+            pa_qk4_tri(q, D, kb + 4 * rs, kb + 5 * rs, kb + 3 * rs, dtype, &p2, &s3);
+            __m256 p1 = _mm256_set_m128(_mm_unpackhi_ps(s2, s3), _mm_unpacklo_ps(s2, s3));
+            float *o = S + (t >> 1) * 8;
+            _mm256_storeu_ps(o, p0);
+            _mm256_storeu_ps(o + 8, p1);
+            _mm256_storeu_ps(o + 16, p2);
+        }
+    }
+    for (; t < thi; t += 2) {
         int two = t + 1 < thi;
         int64_t o0 = (int64_t)t * ks, o1 = two ? o0 + ks : o0;
         if (pf) {
@@ -173,7 +264,9 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
         const int64_t vsb = vs * (dtype == PAGEDCY_F32 ? 4 : 2);
         const char *vr = (const char *)V + ((int64_t)tlo * vs + d) * (dtype == PAGEDCY_F32 ? 4 : 2);
 #define PA_PV_STEP(row, pp) do { \
-            __m256 v0 = pa_ld8((row), 0, dtype), v1 = pa_ld8((row), 8, dtype); \
+            __m256 v0, v1; \
+            if (dtype == PA_BF16P) pa_ld16_bf16p((row), 0, &v0, &v1); \
+            else { v0 = pa_ld8((row), 0, dtype); v1 = pa_ld8((row), 8, dtype); } \
             __m256 b; \
             b = _mm256_broadcast_ss((pp)); c00 = _mm256_fmadd_ps(b, v0, c00); c01 = _mm256_fmadd_ps(b, v1, c01); \
             b = _mm256_broadcast_ss((pp) + 2); c10 = _mm256_fmadd_ps(b, v0, c10); c11 = _mm256_fmadd_ps(b, v1, c11); \
@@ -215,7 +308,8 @@ PA_AVX2 static void pa_qk4_avx2(const float *q, int D, const void *K, int64_t ks
                                 float *S, int Sld, const char *pf, int64_t pf_row_bytes, int flags, int dtype) {
     if (dtype == PAGEDCY_F32) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_F32);
     else if (dtype == PAGEDCY_F16) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_F16);
-    else pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_BF16);
+    else if (dtype == PAGEDCY_BF16) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_BF16);
+    else pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PA_BF16P);
 }
 
 PA_AVX2 static void pa_pv4_avx2(float *O, int D, const float *alpha, const float *P, int Sld,
@@ -223,7 +317,8 @@ PA_AVX2 static void pa_pv4_avx2(float *O, int D, const float *alpha, const float
                                 const char *pf, int64_t pf_row_bytes, int pf_rows, int flags, int dtype) {
     if (dtype == PAGEDCY_F32) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_F32);
     else if (dtype == PAGEDCY_F16) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_F16);
-    else pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_BF16);
+    else if (dtype == PAGEDCY_BF16) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_BF16);
+    else pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PA_BF16P);
 }
 
 /* Reduce four 8-float vectors to one 4-float vector of their maxima / sums. */
@@ -318,6 +413,138 @@ PA_AVX2 static void pa_pack_row_avx2(float *dst, const void *src, int D, int dty
         for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, pa_ld8(src, d, PAGEDCY_F16));
     } else {
         for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, pa_ld8(src, d, PAGEDCY_BF16));
+    }
+}
+
+/* ---- prefill: three 4-row blocks at once ---------------------------------
+ * 12 accumulators instead of 8: with a 4-cycle FMA latency, 8 independent
+ * chains reach only ~90% of the FMA ports' throughput (measured), 12 reach
+ * it; K is packed transposed so the score kernel needs no horizontal sums. */
+
+/* Kt[d][t] = K[t][d] for t < nt, 0 for nt <= t < ldk (ldk % 8 == 0): a
+ * float32 copy of one page slice (token stride ks elements), transposed in
+ * 8x8 tiles. */
+PA_AVX2 static void pa_pack_kt_avx2(float *Kt, int ldk, const void *K, int64_t ks, int nt, int D, int dtype) {
+    const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2;
+    for (int t0 = 0; t0 < ldk; t0 += 8) {
+        for (int d0 = 0; d0 < D; d0 += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) {
+                const int t = t0 + i;
+                if (t >= nt) { r[i] = _mm256_setzero_ps(); continue; }
+                const char *row = (const char *)K + (int64_t)t * ks * es;
+                if (dtype == PAGEDCY_F32) r[i] = pa_ld8(row, d0, PAGEDCY_F32);
+                else if (dtype == PAGEDCY_F16) r[i] = pa_ld8(row, d0, PAGEDCY_F16);
+                else r[i] = pa_ld8(row, d0, PAGEDCY_BF16);
+            }
+            __m256 a0 = _mm256_unpacklo_ps(r[0], r[1]), a1 = _mm256_unpackhi_ps(r[0], r[1]);
+            __m256 a2 = _mm256_unpacklo_ps(r[2], r[3]), a3 = _mm256_unpackhi_ps(r[2], r[3]);
+            __m256 a4 = _mm256_unpacklo_ps(r[4], r[5]), a5 = _mm256_unpackhi_ps(r[4], r[5]);
+            __m256 a6 = _mm256_unpacklo_ps(r[6], r[7]), a7 = _mm256_unpackhi_ps(r[6], r[7]);
+            __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xEE);
+            __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE);
+            __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xEE);
+            __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xEE);
+            float *o = Kt + (int64_t)d0 * ldk + t0;
+            _mm256_storeu_ps(o + 0 * (int64_t)ldk, _mm256_permute2f128_ps(b0, b4, 0x20));
+            _mm256_storeu_ps(o + 1 * (int64_t)ldk, _mm256_permute2f128_ps(b1, b5, 0x20));
+            _mm256_storeu_ps(o + 2 * (int64_t)ldk, _mm256_permute2f128_ps(b2, b6, 0x20));
+            _mm256_storeu_ps(o + 3 * (int64_t)ldk, _mm256_permute2f128_ps(b3, b7, 0x20));
+            _mm256_storeu_ps(o + 4 * (int64_t)ldk, _mm256_permute2f128_ps(b0, b4, 0x31));
+            _mm256_storeu_ps(o + 5 * (int64_t)ldk, _mm256_permute2f128_ps(b1, b5, 0x31));
+            _mm256_storeu_ps(o + 6 * (int64_t)ldk, _mm256_permute2f128_ps(b2, b6, 0x31));
+            _mm256_storeu_ps(o + 7 * (int64_t)ldk, _mm256_permute2f128_ps(b3, b7, 0x31));
+        }
+    }
+}
+
+/* Four row vectors of 8 consecutive tokens (t0 even) -> the 4 pair vectors
+ * of the pair layout, stored at S + (t0/2)*8. */
+PA_AVX2_INLINE void pa_store_pairs4(float *S, int t0, __m256 r0, __m256 r1, __m256 r2, __m256 r3) {
+    __m256d a = _mm256_unpacklo_pd(_mm256_castps_pd(r0), _mm256_castps_pd(r1));
+    __m256d b = _mm256_unpackhi_pd(_mm256_castps_pd(r0), _mm256_castps_pd(r1));
+    __m256d c = _mm256_unpacklo_pd(_mm256_castps_pd(r2), _mm256_castps_pd(r3));
+    __m256d d = _mm256_unpackhi_pd(_mm256_castps_pd(r2), _mm256_castps_pd(r3));
+    float *o = S + (int64_t)(t0 >> 1) * 8;
+    _mm256_storeu_ps(o, _mm256_castpd_ps(_mm256_permute2f128_pd(a, c, 0x20)));
+    _mm256_storeu_ps(o + 8, _mm256_castpd_ps(_mm256_permute2f128_pd(b, d, 0x20)));
+    _mm256_storeu_ps(o + 16, _mm256_castpd_ps(_mm256_permute2f128_pd(a, c, 0x31)));
+    _mm256_storeu_ps(o + 24, _mm256_castpd_ps(_mm256_permute2f128_pd(b, d, 0x31)));
+}
+
+/* Scores of 12 query vectors (qt: [D][12], pre-scaled) against the tokens of
+ * 8-token groups covering [tlo, thi) of Kt ([D][ldk]), written in the pair
+ * layout of the three 4-row blocks S0, S1, S2. */
+PA_AVX2 static void pa_qk12_avx2(const float *qt, int D, const float *Kt, int64_t ldk, int tlo, int thi,
+                                 float *S0, float *S1, float *S2) {
+    for (int t0 = tlo & ~7; t0 < thi; t0 += 8) {
+        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+        __m256 c6 = c0, c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+        const float *k = Kt + t0, *q = qt;
+        for (int d = 0; d < D; d++, k += ldk, q += 12) {
+            const __m256 kv = _mm256_loadu_ps(k);
+            c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 0), kv, c0);
+            c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 1), kv, c1);
+            c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 2), kv, c2);
+            c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 3), kv, c3);
+            c4 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 4), kv, c4);
+            c5 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 5), kv, c5);
+            c6 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 6), kv, c6);
+            c7 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 7), kv, c7);
+            c8 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 8), kv, c8);
+            c9 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 9), kv, c9);
+            c10 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 10), kv, c10);
+            c11 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 11), kv, c11);
+        }
+        pa_store_pairs4(S0, t0, c0, c1, c2, c3);
+        pa_store_pairs4(S1, t0, c4, c5, c6, c7);
+        pa_store_pairs4(S2, t0, c8, c9, c10, c11);
+    }
+}
+
+/* O[r] = O[r]*alpha[r] + sum_{t in [tlo, thi)} P[r][t] V[t] for 12 rows (O
+ * stride D; P in the pair layout of blocks S0..S2; V packed [t][D] float32),
+ * 8 output floats x 12 rows in registers per pass. */
+PA_AVX2 static void pa_pv12_avx2(float *O, int D, const float *alpha, const float *S0, const float *S1,
+                                 const float *S2, const float *V, int tlo, int thi) {
+    for (int d = 0; d < D; d += 8) {
+        float *o = O + d;
+        __m256 c0 = _mm256_mul_ps(_mm256_loadu_ps(o + 0 * (int64_t)D), _mm256_set1_ps(alpha[0]));
+        __m256 c1 = _mm256_mul_ps(_mm256_loadu_ps(o + 1 * (int64_t)D), _mm256_set1_ps(alpha[1]));
+        __m256 c2 = _mm256_mul_ps(_mm256_loadu_ps(o + 2 * (int64_t)D), _mm256_set1_ps(alpha[2]));
+        __m256 c3 = _mm256_mul_ps(_mm256_loadu_ps(o + 3 * (int64_t)D), _mm256_set1_ps(alpha[3]));
+        __m256 c4 = _mm256_mul_ps(_mm256_loadu_ps(o + 4 * (int64_t)D), _mm256_set1_ps(alpha[4]));
+        __m256 c5 = _mm256_mul_ps(_mm256_loadu_ps(o + 5 * (int64_t)D), _mm256_set1_ps(alpha[5]));
+        __m256 c6 = _mm256_mul_ps(_mm256_loadu_ps(o + 6 * (int64_t)D), _mm256_set1_ps(alpha[6]));
+        __m256 c7 = _mm256_mul_ps(_mm256_loadu_ps(o + 7 * (int64_t)D), _mm256_set1_ps(alpha[7]));
+        __m256 c8 = _mm256_mul_ps(_mm256_loadu_ps(o + 8 * (int64_t)D), _mm256_set1_ps(alpha[8]));
+        __m256 c9 = _mm256_mul_ps(_mm256_loadu_ps(o + 9 * (int64_t)D), _mm256_set1_ps(alpha[9]));
+        __m256 c10 = _mm256_mul_ps(_mm256_loadu_ps(o + 10 * (int64_t)D), _mm256_set1_ps(alpha[10]));
+        __m256 c11 = _mm256_mul_ps(_mm256_loadu_ps(o + 11 * (int64_t)D), _mm256_set1_ps(alpha[11]));
+        const float *v = V + (int64_t)tlo * D + d;
+        for (int t = tlo; t < thi; t++, v += D) {
+            const __m256 vv = _mm256_loadu_ps(v);
+            const int64_t off = (int64_t)(t >> 1) * 8 + (t & 1);
+            const float *p0 = S0 + off, *p1 = S1 + off, *p2 = S2 + off;
+            c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0), vv, c0);
+            c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + 2), vv, c1);
+            c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + 4), vv, c2);
+            c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + 6), vv, c3);
+            c4 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1), vv, c4);
+            c5 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + 2), vv, c5);
+            c6 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + 4), vv, c6);
+            c7 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + 6), vv, c7);
+            c8 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2), vv, c8);
+            c9 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2 + 2), vv, c9);
+            c10 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2 + 4), vv, c10);
+            c11 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2 + 6), vv, c11);
+        }
+        _mm256_storeu_ps(o + 0 * (int64_t)D, c0); _mm256_storeu_ps(o + 1 * (int64_t)D, c1);
+        _mm256_storeu_ps(o + 2 * (int64_t)D, c2); _mm256_storeu_ps(o + 3 * (int64_t)D, c3);
+        _mm256_storeu_ps(o + 4 * (int64_t)D, c4); _mm256_storeu_ps(o + 5 * (int64_t)D, c5);
+        _mm256_storeu_ps(o + 6 * (int64_t)D, c6); _mm256_storeu_ps(o + 7 * (int64_t)D, c7);
+        _mm256_storeu_ps(o + 8 * (int64_t)D, c8); _mm256_storeu_ps(o + 9 * (int64_t)D, c9);
+        _mm256_storeu_ps(o + 10 * (int64_t)D, c10); _mm256_storeu_ps(o + 11 * (int64_t)D, c11);
     }
 }
 

@@ -14,7 +14,7 @@
 PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const pagedcy_attn_item *it,
                                            float *ws, float *part_o, float *part_lse) {
     const int G = P->H / P->Hkv, D = P->D, T = P->T;
-    const int ng = it->ng, M = it->nr * G, Mp = (M + 3) & ~3, nblk = Mp / 4;
+    const int ng = it->ng, M = it->nr * G, Mp = pa_item_mp(M, P->flags), nblk = Mp / 4;
     const int Sld = (T + 7) & ~7;
     const int64_t kv_dim = (int64_t)P->Hkv * D;
     const int64_t q_start = P->qo_indptr[it->b];
@@ -26,17 +26,49 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
 
     pagedcy_attn_ws W;
     pagedcy_attn_ws_layout(&W, ws, ng, Mp, D, T);
+    /* Many row blocks per head: K/V slices get packed to float32 (measured:
+     * a win from 8 blocks on with 4 KiB token rows, a loss at 2-4 blocks). */
+    const int packed = pa_item_packed(M, P->flags);
+#if PA_SIMD
+    const int perm = P->dtype == PAGEDCY_BF16 && D % 16 == 0 && !packed && !(P->flags & 64);
+#else
+    (void)packed;
+#endif
+
+    /* v -> (row, head in group) once: integer division by the runtime G in
+     * the per-page loops cost as much as the softmax itself. */
+    for (int v = 0; v < Mp; v++) {
+        W.vrow[v] = v < M ? v / G : 0;
+        W.vhh[v] = v < M ? v % G : 0;
+    }
 
     /* Pack the item's query vectors, pre-scaled: the score is then a plain dot. */
     for (int gi = 0; gi < ng; gi++) {
         float *qd = W.qp + (int64_t)gi * Mp * D;
         for (int v = 0; v < Mp; v++) {
             float *dst = qd + (int64_t)v * D;
-            if (v >= M) { memset(dst, 0, sizeof(float) * D); continue; }
+            if (v >= M) {
+#if PA_SIMD
+                if (packed) {
+                    float *qt = qd + (int64_t)(v / 12) * 12 * D + v % 12;
+                    for (int d = 0; d < D; d++) qt[(int64_t)d * 12] = 0.0f;
+                    continue;
+                }
+#endif
+                memset(dst, 0, sizeof(float) * D);
+                continue;
+            }
             int r = v / G, hh = v % G;
             const float *src = P->q + ((q_start + it->r0 + r) * P->H + (int64_t)(it->g0 + gi) * G + hh) * D;
 #if PA_SIMD
-            pa_scale_copy_avx2(dst, src, D, P->scale);
+            if (packed) {
+                /* [D][12] per group of 12 vectors: the 12-row QK kernel
+                 * broadcasts q[.][d] from one row of 12 */
+                float *qt = qd + (int64_t)(v / 12) * 12 * D + v % 12;
+                for (int d = 0; d < D; d++) qt[(int64_t)d * 12] = src[d] * P->scale;
+            }
+            else if (perm) pa_swap_mid_scale(dst, src, D, P->scale);
+            else pa_scale_copy_avx2(dst, src, D, P->scale);
 #else
             for (int d = 0; d < D; d++) dst[d] = src[d] * P->scale;
 #endif
@@ -75,7 +107,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
             for (int v = 0; v < Mp; v++) {
                 int vlo = 1, vhi = 0;
                 if (v < M) {
-                    int r = v / G;
+                    const int r = W.vrow[v];
                     int64_t a = W.rlo[r] > tok0 ? W.rlo[r] - tok0 : 0;
                     int64_t z = W.rhi[r] - tok0;
                     if (z > nt - 1) z = nt - 1;
@@ -120,26 +152,52 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 }
 #endif
 #if PA_SIMD
-                /* Several 4-row blocks reuse this slice: copy it once to a
+                /* Many 4-row blocks reuse this slice: copy it once to a
                  * contiguous float32 buffer. Token rows in the pool sit kv_dim
                  * apart (often 4 KiB), so the raw slice maps onto a few L1
                  * sets and would be refetched from L2 by every block. */
                 const void *Ks = Kg, *Vs = Vg;
                 int64_t kst = kv_dim;
-                int kdt = P->dtype;
-                if (nblk > 1 && !(P->flags & 4)) {
-                    for (int t = 0; t < nt; t++) {
-                        pa_pack_row_avx2(W.kbuf + (int64_t)t * D, Kg + (int64_t)t * kv_dim * es, D, P->dtype);
+                int kdt = perm ? PA_BF16P : P->dtype;
+                if (packed) {
+                    pa_pack_kt_avx2(W.kbuf, Sld, Kg, kv_dim, nt, D, P->dtype);
+                    for (int t = 0; t < nt; t++)
                         pa_pack_row_avx2(W.vbuf + (int64_t)t * D, Vg + (int64_t)t * kv_dim * es, D, P->dtype);
-                    }
                     if (pfK) {
                         for (int t = 0; t < nt; t++)
                             for (int64_t bb = 0; bb < 2 * row_bytes; bb += 64)
                                 _mm_prefetch((bb < row_bytes ? pfK + bb : pfV + bb - row_bytes) + (int64_t)t * kv_dim * es,
                                              _MM_HINT_T1);
-                        pfK = pfV = NULL;
                     }
-                    Ks = W.kbuf; Vs = W.vbuf; kst = D; kdt = PAGEDCY_F32;
+                    /* three 4-row blocks at a time, over the union of their
+                     * token ranges (rows mask what they do not see) */
+                    for (int b0 = 0; b0 < nblk; b0 += 3) {
+                        int ulo = T, uhi = 0;
+                        for (int k = 0; k < 3; k++) {
+                            if (W.blo[b0 + k] >= W.bhi[b0 + k]) continue;
+                            if (W.blo[b0 + k] < ulo) ulo = W.blo[b0 + k];
+                            if (W.bhi[b0 + k] > uhi) uhi = W.bhi[b0 + k];
+                        }
+                        if (ulo >= uhi) continue;
+                        float *S0 = W.S + (int64_t)b0 * 4 * Sld;
+                        pa_qk12_avx2(qg + (int64_t)b0 * 4 * D, D, W.kbuf, Sld, ulo, uhi,
+                                     S0, S0 + 4 * Sld, S0 + 8 * Sld);
+                        for (int k = 0; k < 3; k++) {
+                            const int b4 = b0 + k;
+                            float slope4[4], pos4[4];
+                            for (int j = 0; j < 4; j++) {
+                                const int v = b4 * 4 + j;
+                                slope4[j] = (P->alibi && v < M) ? P->alibi[(it->g0 + gi) * G + W.vhh[v]] : 0.0f;
+                                pos4[j] = (float)(tok0 - (delta + it->r0 + W.vrow[v]));
+                            }
+                            pa_softmax4_avx2(W.S + (int64_t)b4 * 4 * Sld, ulo >> 1, (uhi + 1) >> 1,
+                                             W.vlo + b4 * 4, W.vhi + b4 * 4, P->soft_cap, slope4, pos4,
+                                             mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
+                        }
+                        pa_pv12_avx2(Og + (int64_t)b0 * 4 * D, D, W.alpha + b0 * 4, S0, S0 + 4 * Sld,
+                                     S0 + 8 * Sld, W.vbuf, ulo & ~1, uhi);
+                    }
+                    continue;
                 }
 #else
                 (void)pfK; (void)pfV;       /* the scalar path does not prefetch */
@@ -158,9 +216,9 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                     {
                         float slope4[4], pos4[4];
                         for (int k = 0; k < 4; k++) {
-                            int v = b4 * 4 + k, r = v / G;
-                            slope4[k] = (P->alibi && v < M) ? P->alibi[(it->g0 + gi) * G + v % G] : 0.0f;
-                            pos4[k] = (float)(tok0 - (delta + it->r0 + r));
+                            const int v = b4 * 4 + k;
+                            slope4[k] = (P->alibi && v < M) ? P->alibi[(it->g0 + gi) * G + W.vhh[v]] : 0.0f;
+                            pos4[k] = (float)(tok0 - (delta + it->r0 + W.vrow[v]));
                         }
                         pa_softmax4_avx2(W.S + (int64_t)b4 * 4 * Sld, W.blo[b4] >> 1, (W.bhi[b4] + 1) >> 1,
                                          W.vlo + b4 * 4, W.vhi + b4 * 4, P->soft_cap, slope4, pos4,
@@ -175,7 +233,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                             for (int t = tb; t < te; t++) s[t] = 0.0f;
                             continue;
                         }
-                        int r = v / G, h = (it->g0 + gi) * G + v % G;
+                        int r = W.vrow[v], h = (it->g0 + gi) * G + W.vhh[v];
                         float slope = P->alibi ? P->alibi[h] : 0.0f;
                         float pos0 = (float)(tok0 - (delta + it->r0 + r));
                         W.alpha[v] = pa_softmax_row_scalar(s, tb, te, W.vlo[v], W.vhi[v], P->soft_cap,
@@ -216,7 +274,8 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 lse_dst = P->lse ? P->lse + row : NULL;
             }
 #if PA_SIMD
-            pa_scale_copy_avx2(dst, o, D, inv);
+            if (perm) pa_swap_mid_scale(dst, o, D, inv);
+            else pa_scale_copy_avx2(dst, o, D, inv);
 #else
             for (int d = 0; d < D; d++) dst[d] = o[d] * inv;
 #endif
