@@ -14,11 +14,6 @@ def _demo(args):
     return main(args)
 
 
-def _bench(args):
-    from pagedcy.bench import main
-    return main(args.rest)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m pagedcy", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -31,8 +26,13 @@ def main(argv=None):
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench = sub.add_parser("bench", help="run the headline attention benchmarks", add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        # bench has its own parser; hand it everything (argparse.REMAINDER drops leading flags).
+        from pagedcy.bench import main as bench_main
+        return bench_main(argv[1:])
     args = parser.parse_args(argv)
-    return {"info": _info, "demo": _demo, "bench": _bench}[args.cmd](args)
+    return {"info": _info, "demo": _demo}[args.cmd](args)
 
 
 if __name__ == "__main__":
