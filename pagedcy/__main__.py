@@ -30,7 +30,8 @@ def main(argv=None):
     if argv[:1] == ["bench"]:
         # bench has its own parser; hand it everything (argparse.REMAINDER drops leading flags).
         from pagedcy.bench import main as bench_main
-        return bench_main(argv[1:])
+        bench_main(argv[1:])
+        return 0
     args = parser.parse_args(argv)
     return {"info": _info, "demo": _demo}[args.cmd](args)
 
