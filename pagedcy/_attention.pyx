@@ -118,19 +118,14 @@ cdef int _check_ragged(const int64_t[::1] ind, const int64_t[::1] lens, int64_t 
     return 0
 
 
-cdef int _check_pages32(const int32_t[:, ::1] bt, const int64_t[::1] lens, int64_t T,
-                        int64_t max_pages) except -1:
-    cdef Py_ssize_t b, p, n
-    for b in range(bt.shape[0]):
-        n = (lens[b] + T - 1) // T
-        for p in range(n):
-            if bt[b, p] < 0 or bt[b, p] >= max_pages:
-                raise IndexError(f"block_tables[{b}, {p}] = {bt[b, p]} is outside [0, {max_pages})")
-    return 0
+ctypedef fused page_id_t:
+    int32_t
+    int64_t
 
 
-cdef int _check_pages64(const int64_t[:, ::1] bt, const int64_t[::1] lens, int64_t T,
-                        int64_t max_pages) except -1:
+cdef int _check_pages(const page_id_t[:, ::1] bt, const int64_t[::1] lens, int64_t T,
+                      int64_t max_pages) except -1:
+    """Every page id a sequence needs (ceil(kv_len / page_size) of them) is in the pool."""
     cdef Py_ssize_t b, p, n
     for b in range(bt.shape[0]):
         n = (lens[b] + T - 1) // T
@@ -237,10 +232,10 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     # must be valid pages (the rest may hold anything, e.g. -1).
     if bt.dtype == np.int32 and bt.flags.c_contiguous:
         bt32 = bt
-        _check_pages32(bt32, lens64, T, max_pages)
+        _check_pages(bt32, lens64, T, max_pages)
     else:
         bt64 = np.ascontiguousarray(bt, dtype=np.int64)
-        _check_pages64(bt64, lens64, T, max_pages)
+        _check_pages(bt64, lens64, T, max_pages)
         bt32 = bt64.astype(np.int32)
     if maxp == 0:
         bt32 = np.zeros((B, 1), np.int32)

@@ -50,14 +50,16 @@ def _from_storage(x, dtype):
     return x.astype(np.float32, copy=False)
 
 
-def make_decode(batch, kv_len, dtype, rng, q_len=1):
-    npg = -(-kv_len // T)
+def make_decode(batch, kv_len, dtype, rng, q_len=1, page_size=T):
+    """Random case: ``(query, qo_indptr, pages, block_tables, kv_lens)``; pages of one layer
+    in random order, ``q_len`` query rows per sequence (the last ``q_len`` positions)."""
+    npg = -(-kv_len // page_size)
     total = batch * npg
-    pages = np.empty((total, 1, 2, T, HKV, D), dtype=np.float32 if dtype == "float32" else
+    pages = np.empty((total, 1, 2, page_size, HKV, D), dtype=np.float32 if dtype == "float32" else
                      (np.float16 if dtype == "float16" else np.uint16))
     for i in range(0, total, 256):         # fill in slabs: no 2x peak memory
-        pages[i:i + 256] = _to_storage(
-            rng.standard_normal((min(256, total - i), 1, 2, T, HKV, D), dtype=np.float32), dtype)
+        pages[i:i + 256] = _to_storage(rng.standard_normal(
+            (min(256, total - i), 1, 2, page_size, HKV, D), dtype=np.float32), dtype)
     bt = rng.permutation(total).astype(np.int32).reshape(batch, npg)
     q = rng.standard_normal((batch * q_len, H, D), dtype=np.float32)
     indptr = np.arange(0, batch * q_len + 1, q_len, dtype=np.int32)
@@ -92,8 +94,8 @@ def numpy_reference(q, indptr, pages, bt, lens, dtype, causal):
 def torch_case(q, pages, bt, lens, dtype, causal, threads):
     """A closure running torch SDPA on contiguous K/V, or None without torch."""
     try:
-        import torch
-        import torch.nn.functional as F
+        import torch  # type: ignore[import-not-found]
+        import torch.nn.functional as F  # type: ignore[import-not-found]
     except ImportError:
         return None
     B = bt.shape[0]
