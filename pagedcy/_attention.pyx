@@ -232,10 +232,10 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     # must be valid pages (the rest may hold anything, e.g. -1).
     if bt.dtype == np.int32 and bt.flags.c_contiguous:
         bt32 = bt
-        _check_pages(bt32, lens64, T, max_pages)
+        _check_pages[int32_t](bt32, lens64, T, max_pages)
     else:
         bt64 = np.ascontiguousarray(bt, dtype=np.int64)
-        _check_pages(bt64, lens64, T, max_pages)
+        _check_pages[int64_t](bt64, lens64, T, max_pages)
         bt32 = bt64.astype(np.int32)
     if maxp == 0:
         bt32 = np.zeros((B, 1), np.int32)
