@@ -1,3 +1,4 @@
+from typing_extensions import disjoint_base
 from typing import Any, Optional
 
 import numpy as np
@@ -5,6 +6,7 @@ import numpy.typing as npt
 
 from pagedcy.config import PagedKVCacheConfig
 
+@disjoint_base
 class PagedKVCache:
     """Single-sequence paged KV cache; EvictionPolicy.LRU makes it a sliding window."""
     config: PagedKVCacheConfig

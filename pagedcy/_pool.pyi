@@ -1,8 +1,10 @@
+from typing_extensions import disjoint_base
 from typing import Any, Optional
 
 import numpy as np
 import numpy.typing as npt
 
+@disjoint_base
 class PagePool:
     """Fixed-size slab of KV pages with a LIFO free list and per-page reference counts."""
     max_pages: int

@@ -1,3 +1,4 @@
+from typing_extensions import disjoint_base
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -6,8 +7,7 @@ import numpy.typing as npt
 from pagedcy._pool import PagePool
 from pagedcy.config import PagedKVCacheConfig
 
-NOGIL_BYTES: int
-
+@disjoint_base
 class KVPageStore:
     """The page pool plus the KV page layout; every K/V byte moves through here."""
     config: PagedKVCacheConfig

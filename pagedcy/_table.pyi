@@ -1,8 +1,10 @@
+from typing_extensions import disjoint_base
 from typing import Optional
 
 import numpy as np
 import numpy.typing as npt
 
+@disjoint_base
 class PageTable:
     """Logical-to-physical page mapping for one sequence (O(1) push/pop at both ends)."""
     page_size: int
