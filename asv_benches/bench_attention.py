@@ -74,12 +74,26 @@ class Decode:
         return ref / _seconds(self.run)
     track_speedup_vs_numpy.unit = "x"
 
-    def track_speedup_vs_torch(self, batch, kv_len, dtype, threads, page_size):
-        q, ind, pages, bt, lens = self.args
-        run = torch_case(q, pages, bt, lens, dtype, False, threads)
-        if run is None:
+
+class DecodeSpeedupVsTorch:
+    """pagedcy decode time / torch SDPA (contiguous K/V) time, measured in one process."""
+    params = ([32], [2048], ["float32"], [1, 2])
+    param_names = ["batch", "kv_len", "dtype", "threads"]
+    timeout = 300
+
+    def setup(self, batch, kv_len, dtype, threads):
+        q, ind, pages, bt, lens = self.args = _make(batch, kv_len, 1, dtype, 16)
+        self.torch_run = torch_case(q, pages, bt, lens, dtype, False, threads)
+        if self.torch_run is None:
             raise NotImplementedError("torch not installed")
-        return _seconds(run, 3) / _seconds(self.run)
+        self.out = np.empty_like(q)
+        self.threads = threads
+
+    def track_speedup_vs_torch(self, *p):
+        q, ind, pages, bt, lens = self.args
+        ours = _seconds(lambda: batch_paged_attention(q, ind, pages, 0, bt, lens, out=self.out,
+                                                      num_threads=self.threads))
+        return _seconds(self.torch_run, 3) / ours
     track_speedup_vs_torch.unit = "x"
 
 

@@ -27,7 +27,6 @@ def test_demo_quick_summary_and_no_leak():
     assert "leak check: ok" in out
 
 
-@pytest.mark.skipif(os.environ.get("PAGEDCY_SANITIZED") == "1", reason="timing run, slow under ASan")
 def test_bench_quick_table():
     out = run("bench", "--quick", "--no-baselines", "--repeats", "1")
     assert "decode" in out and "prefill" in out and "GB/s" in out and "GFLOP/s" in out
