@@ -3,12 +3,10 @@
 Shape as in ``python -m pagedcy bench``: 32 query heads, 8 KV heads,
 head_dim 128, pages in random order.
 """
-import time
-
 import numpy as np
 
 from pagedcy._attention import batch_paged_attention
-from pagedcy.bench import make_decode, numpy_reference, torch_case
+from pagedcy.bench import _median_time, make_decode, numpy_reference, torch_case
 from pagedcy._bandwidth import read_bandwidth
 
 H, HKV, D = 32, 8, 128
@@ -26,13 +24,8 @@ def _make(batch, kv_len, q_len, dtype, page_size, seed=0):
 
 
 def _seconds(fn, repeats=5):
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
+    """Median seconds of ``repeats`` calls after a warm-up (the same timer as the CLI bench)."""
+    return _median_time(fn, repeats)
 
 
 class Decode:
