@@ -5,9 +5,14 @@ import sys
 
 import pytest
 
+import pagedcy
+
 
 def run(*args, timeout=240):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # The child imports the same pagedcy as this process (installed, or an in-place build).
+    root = os.path.dirname(os.path.dirname(os.path.abspath(pagedcy.__file__)))
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, "-m", "pagedcy", *args], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=os.path.dirname(__file__))
     assert proc.returncode == 0, proc.stdout + proc.stderr
