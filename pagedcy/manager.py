@@ -497,6 +497,17 @@ class PagedKVCacheManager:
             return list(self._evictable)
 
     # -- allocation -----------------------------------------------------------------
+    def _new_request_id(self, rid):
+        """``rid`` if it is free (ValueError if in use), or a fresh ``req-<n>`` for None.
+        Caller holds the lock."""
+        if rid is None:
+            rid = f"req-{next(self._ids)}"
+            while rid in self._handles:
+                rid = f"req-{next(self._ids)}"
+        elif rid in self._handles:
+            raise ValueError(f"request_id {rid!r} is already allocated")
+        return rid
+
     def _plan(self, request):
         if not isinstance(request, AllocationRequest):
             raise TypeError(f"request must be an AllocationRequest, got {type(request).__name__}")
@@ -528,13 +539,7 @@ class PagedKVCacheManager:
         """
         with self._lock:
             need, hashes, matched, new, from_ev = self._plan(request)
-            rid = request.request_id
-            if rid is None:
-                rid = f"req-{next(self._ids)}"
-                while rid in self._handles:
-                    rid = f"req-{next(self._ids)}"
-            elif rid in self._handles:
-                raise ValueError(f"request_id {rid!r} is already allocated")
+            rid = self._new_request_id(request.request_id)
             avail = self._pool.free_count() + len(self._evictable) - from_ev
             if new > avail:
                 self._c["failures"] += 1
@@ -621,12 +626,7 @@ class PagedKVCacheManager:
         ValueError for a swapped handle or a request_id in use."""
         with self._lock:
             h = self._resident(handle)
-            if request_id is None:
-                request_id = f"req-{next(self._ids)}"
-                while request_id in self._handles:
-                    request_id = f"req-{next(self._ids)}"
-            elif request_id in self._handles:
-                raise ValueError(f"request_id {request_id!r} is already allocated")
+            request_id = self._new_request_id(request_id)
             for p in h._blocks:
                 self._pool.incref(p)
             c = PagedKVCacheHandle(self, request_id, h._max_len)
