@@ -30,6 +30,7 @@ cdef extern from "pagedcy_attention.h":
         int64_t ws_floats
     int PAGEDCY_F32, PAGEDCY_F16, PAGEDCY_BF16
     int pagedcy_use_simd() noexcept nogil
+    int pagedcy_simd_level() noexcept nogil
     pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_params *P, int nthreads,
                                               int64_t kv_chunk) noexcept nogil
     void pagedcy_attn_free_plan(pagedcy_attn_plan *pl) noexcept nogil
@@ -138,7 +139,7 @@ cdef int _check_pages(const page_id_t[:, ::1] bt, const int64_t[::1] lens, int64
 def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, *,
                           scale=None, causal=True, window_left=-1, soft_cap=0.0,
                           alibi_slopes=None, out=None, return_lse=False, num_threads=None,
-                          _kv_chunk=0, _force_scalar=False, _flags=0, _repeat=1):
+                          _kv_chunk=0, _force_scalar=False, _max_simd=2, _flags=0, _repeat=1):
     """Attention of a ragged batch of queries over paged K/V.
 
     query: float ``[total_q, num_heads, head_dim]`` (converted to float32);
@@ -168,6 +169,7 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
 
     Underscored keywords are private test/tuning switches: ``_kv_chunk``
     (tokens per KV split; 0 automatic, < 0 never split), ``_force_scalar``,
+    ``_max_simd`` (cap the instruction set: 0 scalar, 1 AVX2, 2 AVX-512),
     ``_flags`` (see pagedcy_attn_params.flags) and ``_repeat`` (run the
     kernel n times without the GIL, for microbenchmarks).
     """
@@ -307,7 +309,7 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
         P.alibi = <const float *>cnp.PyArray_DATA(alibi) if alibi is not None else NULL
         P.out = <float *>cnp.PyArray_DATA(o)
         P.lse = <float *>cnp.PyArray_DATA(lse) if lse is not None else NULL
-        P.use_simd = 0 if _force_scalar else pagedcy_use_simd()
+        P.use_simd = 0 if _force_scalar else min(pagedcy_simd_level(), operator.index(_max_simd))
         P.flags = <int32_t>operator.index(_flags)
         reps = max(1, operator.index(_repeat))     # microbenchmarks: no Python overhead
         with nogil:
@@ -323,9 +325,15 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
 
 
 def simd_enabled():
-    """True when the AVX2/FMA/F16C kernels are in use (CPU supports them and
-    PAGEDCY_FORCE_SCALAR is not set)."""
+    """True when SIMD kernels (AVX2/FMA/F16C or AVX-512) are in use: the CPU
+    supports them and neither PAGEDCY_FORCE_SCALAR nor PAGEDCY_SIMD=scalar is set."""
     return bool(pagedcy_use_simd())
+
+
+def simd_level():
+    """Instruction set of the kernels: 0 scalar, 1 AVX2+FMA+F16C, 2 AVX-512
+    (F/DQ/VL/BW; decode micro-kernels), the CPU's best capped by PAGEDCY_SIMD."""
+    return int(pagedcy_simd_level())
 
 
 def merge_states(v_a, s_a, v_b=None, s_b=None):

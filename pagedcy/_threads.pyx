@@ -51,12 +51,18 @@ cpdef int resolve_num_threads(object num_threads=None) except -1:
 
 
 cdef extern from "pagedcy_convert.h" nogil:
-    int pagedcy_use_simd()
+    int pagedcy_simd_level()
     int pagedcy_cpu_has_avx2_fma()
+    int pagedcy_cpu_has_avx512()
 
 
 def simd_path():
-    """'avx2+fma+f16c' when the run-time-dispatched SIMD kernels are active, else 'scalar'."""
-    if pagedcy_use_simd():
-        return "avx2+fma+f16c"
-    return "scalar (PAGEDCY_FORCE_SCALAR set)" if pagedcy_cpu_has_avx2_fma() else "scalar"
+    """The run-time-dispatched kernel instruction set, as text:
+    'avx512+avx2+fma+f16c' (AVX-512 decode kernels), 'avx2+fma+f16c' or
+    'scalar', with the reason when PAGEDCY_SIMD / PAGEDCY_FORCE_SCALAR capped it."""
+    level = pagedcy_simd_level()
+    best = 2 if pagedcy_cpu_has_avx512() else 1 if pagedcy_cpu_has_avx2_fma() else 0
+    name = ("scalar", "avx2+fma+f16c", "avx512+avx2+fma+f16c")[level]
+    if level < best:
+        name += " (capped by PAGEDCY_SIMD / PAGEDCY_FORCE_SCALAR)"
+    return name

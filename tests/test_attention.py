@@ -8,13 +8,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagedcy._attention import batch_paged_attention, merge_states, simd_enabled
+from pagedcy._attention import batch_paged_attention, merge_states, simd_enabled, simd_level
 from pagedcy._bandwidth import read_bandwidth
 
 sys.path.insert(0, os.path.dirname(__file__))
 from attn_helpers import bf16_round, make_batch, reference  # noqa: E402
 
 TOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-3}
+# Instruction sets this machine runs, best first: a run_case without an
+# explicit choice checks each of them against the reference (the scalar path
+# has its own tests via _force_scalar).
+SIMD_LEVELS = [lv for lv in (2, 1) if lv <= simd_level()] or [0]
 
 
 def run_case(rng, *, q_lens, kv_lens, H, Hkv, D, T, dtype="float32", causal=True,
@@ -22,16 +26,20 @@ def run_case(rng, *, q_lens, kv_lens, H, Hkv, D, T, dtype="float32", causal=True
     q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=q_lens, kv_lens=kv_lens, num_heads=H,
                                              num_kv_heads=Hkv, head_dim=D, page_size=T, dtype=dtype)
     slopes = (rng.uniform(0.01, 0.5, H).astype(np.float32)) if alibi else None
-    o, lse = batch_paged_attention(q, ind, pages, 1, bt, kl, causal=causal, window_left=window_left,
-                                   soft_cap=soft_cap, alibi_slopes=slopes, scale=scale,
-                                   return_lse=True, **kw)
     ro, rl = reference(q, ind, K, V, causal=causal, window_left=window_left, soft_cap=soft_cap,
                        alibi=slopes, scale=scale)
     tol = TOL[dtype]
-    assert o.dtype == np.float32 and o.shape == q.shape
-    assert lse.dtype == np.float32 and lse.shape == q.shape[:2]
-    np.testing.assert_allclose(o, ro, rtol=tol, atol=tol)
-    np.testing.assert_allclose(lse, rl, rtol=tol, atol=tol)
+    explicit = "_force_scalar" in kw or "_max_simd" in kw
+    for level in [None] if explicit else SIMD_LEVELS:
+        extra = {} if level is None else {"_max_simd": level}
+        o, lse = batch_paged_attention(q, ind, pages, 1, bt, kl, causal=causal,
+                                       window_left=window_left, soft_cap=soft_cap,
+                                       alibi_slopes=slopes, scale=scale, return_lse=True,
+                                       **kw, **extra)
+        assert o.dtype == np.float32 and o.shape == q.shape
+        assert lse.dtype == np.float32 and lse.shape == q.shape[:2]
+        np.testing.assert_allclose(o, ro, rtol=tol, atol=tol, err_msg=f"simd level {level}")
+        np.testing.assert_allclose(lse, rl, rtol=tol, atol=tol, err_msg=f"simd level {level}")
     return o, lse
 
 
@@ -170,24 +178,43 @@ def test_scalar_matches_simd(D):
     np.testing.assert_allclose(b, ro, rtol=1e-5, atol=1e-5)
 
 
-def test_force_scalar_env_subprocess():
+@pytest.mark.parametrize("env,want_level", [
+    ({"PAGEDCY_FORCE_SCALAR": "1"}, 0),
+    ({"PAGEDCY_SIMD": "scalar"}, 0),
+    ({"PAGEDCY_SIMD": "avx2"}, min(1, simd_level())),
+])
+def test_simd_env_caps_subprocess(env, want_level):
     code = (
         "import sys, numpy as np; sys.path.insert(0, %r)\n"
         "from attn_helpers import make_batch, reference\n"
-        "from pagedcy._attention import batch_paged_attention, simd_enabled\n"
-        "assert not simd_enabled()\n"
+        "from pagedcy._attention import batch_paged_attention, simd_enabled, simd_level\n"
+        "from pagedcy._threads import simd_path\n"
+        "assert simd_level() == %d, (simd_level(), simd_path())\n"
+        "assert simd_enabled() == (simd_level() > 0)\n"
         "rng = np.random.default_rng(0)\n"
         "q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=[1, 9], kv_lens=[50, 20], num_heads=8,"
         " num_kv_heads=2, head_dim=64, page_size=16, dtype='float16')\n"
         "o = batch_paged_attention(q, ind, pages, 1, bt, kl)\n"
         "ro, _ = reference(q, ind, K, V)\n"
         "np.testing.assert_allclose(o, ro, rtol=1e-3, atol=1e-3)\n"
-        "print('ok')\n" % os.path.dirname(__file__))
-    env = dict(os.environ, PAGEDCY_FORCE_SCALAR="1")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+        "print('ok')\n" % (os.path.dirname(__file__), want_level))
+    full_env = {k: v for k, v in os.environ.items()
+                if k not in ("PAGEDCY_FORCE_SCALAR", "PAGEDCY_SIMD")}
+    full_env.update(env)
+    r = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_every_simd_level_on_the_headline_shape(level):
+    # 32/8 heads, head_dim 128, random page order: the benchmark's shape, at
+    # page-boundary lengths, for fp32 and both 16-bit formats
+    rng = np.random.default_rng(40 + level)
+    for dtype in ("float32", "float16", "bfloat16"):
+        run_case(rng, q_lens=[1, 1, 1, 1], kv_lens=[16, 17, 31, 200], H=32, Hkv=8, D=128, T=16,
+                 dtype=dtype, _max_simd=level, num_threads=2)
 
 
 # --- API details ---------------------------------------------------------------
@@ -382,7 +409,7 @@ def batches(draw):
                 dtype=draw(st.sampled_from(["float32", "float32", "float16", "bfloat16"])),
                 chunk=draw(st.sampled_from([0, -1, 1, 16, 40])),
                 threads=draw(st.sampled_from([1, 2])),
-                scalar=draw(st.booleans()),
+                simd=draw(st.sampled_from([0, 1, 2])),
                 seed=draw(st.integers(0, 2**31)))
 
 
@@ -393,7 +420,7 @@ def test_property_matches_reference(c):
     run_case(rng, q_lens=c["q_lens"], kv_lens=c["kv_lens"], H=c["H"], Hkv=c["Hkv"], D=c["D"],
              T=c["T"], dtype=c["dtype"], causal=c["causal"], window_left=c["window_left"],
              soft_cap=c["soft_cap"], alibi=c["alibi"], num_threads=c["threads"],
-             _kv_chunk=c["chunk"], _force_scalar=c["scalar"])
+             _kv_chunk=c["chunk"], _max_simd=c["simd"])
 
 
 def test_bf16_helper_roundtrip():
@@ -405,3 +432,5 @@ def test_bf16_helper_roundtrip():
 
 def test_simd_flag_is_bool():
     assert isinstance(simd_enabled(), bool)
+    assert simd_level() in (0, 1, 2)
+    assert simd_enabled() == (simd_level() > 0)

@@ -1,5 +1,6 @@
 """The compiled library must run on any x86-64: VEX/AVX instructions only inside the
-functions chosen at run time (those compiled with an ``avx2``/``f16c`` target attribute)."""
+functions chosen at run time (those compiled with an ``avx2``/``avx512``/``f16c`` target
+attribute)."""
 import glob
 import os
 import platform
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.skipif(
     reason="objdump on x86-64 needed to inspect the instructions")
 
 # Functions allowed to hold VEX-encoded instructions: the run-time-dispatched SIMD kernels.
-ALLOWED = re.compile(r"avx2|f16c|fma", re.IGNORECASE)
+ALLOWED = re.compile(r"avx2|avx512|f16c|fma", re.IGNORECASE)
 FUNC = re.compile(r"^[0-9a-f]+ <(?P<name>[^>]+)>:$")
 INSN = re.compile(r"^\s+[0-9a-f]+:\s+(?:[0-9a-f]{2} )+\s*(?P<mnemonic>[a-z][a-z0-9]*)")
 

@@ -22,6 +22,7 @@
 #include <math.h>
 #include "pagedcy_convert.h"
 #include "pagedcy_attn_avx2.h"
+#include "pagedcy_attn_avx512.h"
 
 typedef struct {
     const float *q;              /* [total_q, H, D] */
@@ -44,7 +45,8 @@ typedef struct {
      * instead of L2, 2 prefetch the next head's slice instead of the next
      * page's, 4 no K/V packing, 64 no permuted bf16 loads, 8 plain largest-first item order, 16 no
      * prefetch, 128/256/512 prefill items of 128/32/256 query vectors, 1024 no
-     * 3-token score kernel. */
+     * 3-token score kernel, 32 software prefetch for fp32 in the AVX-512
+     * decode kernels (off by default there). */
     int32_t flags;
 } pagedcy_attn_params;
 
@@ -179,14 +181,39 @@ static float pa_softmax_row_scalar(float *s, int tb, int te, int vlo, int vhi,
 #define PA_SFX(name) name##_avx2
 #define PA_FN_ATTR PA_AVX2
 #define PA_SIMD 1
+#define PA_QK4 pa_qk4_avx2
+#define PA_PV4 pa_pv4_avx2
+#define PA_SOFTMAX4 pa_softmax4_avx2
 #include "pagedcy_attn_item.h"
 #undef PA_SFX
 #undef PA_FN_ATTR
 #undef PA_SIMD
+#undef PA_QK4
+#undef PA_PV4
+#undef PA_SOFTMAX4
+#endif
+
+#if PAGEDCY_ATTN_HAVE_AVX512
+#define PA_SFX(name) name##_avx512
+#define PA_FN_ATTR PA_AVX512
+#define PA_SIMD 2
+#define PA_QK4 pa_qk4_avx512
+#define PA_PV4 pa_pv4_avx512
+#define PA_SOFTMAX4 pa_softmax4_avx512
+#include "pagedcy_attn_item.h"
+#undef PA_SFX
+#undef PA_FN_ATTR
+#undef PA_SIMD
+#undef PA_QK4
+#undef PA_PV4
+#undef PA_SOFTMAX4
 #endif
 
 static inline void pagedcy_attn_run_item(const pagedcy_attn_params *P, const pagedcy_attn_item *it,
                                          float *ws, float *part_o, float *part_lse) {
+#if PAGEDCY_ATTN_HAVE_AVX512
+    if (P->use_simd >= 2 && P->D % 16 == 0) { pa_run_item_avx512(P, it, ws, part_o, part_lse); return; }
+#endif
 #if PAGEDCY_ATTN_HAVE_AVX2
     if (P->use_simd && P->D % 8 == 0) { pa_run_item_avx2(P, it, ws, part_o, part_lse); return; }
 #endif

@@ -337,6 +337,27 @@ PA_AVX2_INLINE __m128 pa_hadd4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
     return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
 }
 
+/* End of an online-softmax step of a 4-row block: from the new row maxima
+ * (lanes 2r, 2r+1 of mnew) and the partial sums of p (lanes 2r, 2r+1 of acc),
+ * update m and l and write the rescale factors alpha; rows with an empty
+ * visible range keep (m, l) and get alpha 1. */
+PA_AVX2_INLINE void pa_softmax4_finish(__m256 mnew, __m256 acc, const int32_t *vlo, const int32_t *vhi,
+                                       float *m, float *l, float *alpha) {
+    acc = _mm256_add_ps(acc, _mm256_permute_ps(acc, 0xB1));
+    const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    const __m128 mold4 = _mm_loadu_ps(m);
+    const __m128 mnew4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(mnew, pick));
+    const __m128 sum4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(acc, pick));
+    __m128 al = _mm256_castps256_ps128(pa_exp8(_mm256_castps128_ps256(_mm_sub_ps(mold4, mnew4))));
+    __m128 act = _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_add_epi32(_mm_loadu_si128((const __m128i *)vhi),
+                                                                _mm_set1_epi32(1)),
+                                                  _mm_loadu_si128((const __m128i *)vlo)));
+    al = _mm_blendv_ps(_mm_set1_ps(1.0f), al, act);
+    _mm_storeu_ps(alpha, al);
+    _mm_storeu_ps(l, _mm_fmadd_ps(_mm_loadu_ps(l), al, sum4));
+    _mm_storeu_ps(m, _mm_blendv_ps(mold4, mnew4, act));
+}
+
 /* Online-softmax step of a 4-row block whose scores sit in the pair layout
  * (lane 2*r + (t&1) of vector t/2) for token pairs [jb, je): soft cap,
  * ALiBi, mask outside [vlo[r], vhi[r]] (an empty range marks an inactive row:
@@ -390,20 +411,7 @@ PA_AVX2 static void pa_softmax4_avx2(float *S, int jb, int je, const int32_t *vl
         _mm256_storeu_ps(sj, p);
         acc = _mm256_add_ps(acc, p);
     }
-    acc = _mm256_add_ps(acc, _mm256_permute_ps(acc, 0xB1));
-    const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
-    const __m128 mold4 = _mm_loadu_ps(m);
-    const __m128 mnew4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(mnew, pick));
-    const __m128 sum4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(acc, pick));
-    __m128 al = _mm256_castps256_ps128(pa_exp8(_mm256_castps128_ps256(_mm_sub_ps(mold4, mnew4))));
-    /* inactive rows keep (m, l) and get alpha 1 */
-    __m128 act = _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_add_epi32(_mm_loadu_si128((const __m128i *)vhi),
-                                                                _mm_set1_epi32(1)),
-                                                  _mm_loadu_si128((const __m128i *)vlo)));
-    al = _mm_blendv_ps(_mm_set1_ps(1.0f), al, act);
-    _mm_storeu_ps(alpha, al);
-    _mm_storeu_ps(l, _mm_fmadd_ps(_mm_loadu_ps(l), al, sum4));
-    _mm_storeu_ps(m, _mm_blendv_ps(mold4, mnew4, act));
+    pa_softmax4_finish(mnew, acc, vlo, vhi, m, l, alpha);
 }
 
 PA_AVX2 static void pa_pack_row_avx2(float *dst, const void *src, int D, int dtype) {

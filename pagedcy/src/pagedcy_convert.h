@@ -98,18 +98,49 @@ static inline int pagedcy_cpu_has_avx2_fma(void) {
 #endif
 }
 
-/* PAGEDCY_FORCE_SCALAR=1 in the environment disables the SIMD paths (tests use
- * it to check both give the same bits). Read once per process. */
-#include <stdlib.h>
-static inline int pagedcy_use_simd(void) {
+/* AVX-512 F/DQ/VL/BW usable: the CPU has them and the OS saves the zmm state
+ * (libgcc's feature check includes XGETBV). */
+static inline int pagedcy_cpu_has_avx512(void) {
+#if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
     static int cached = -1;
     if (cached < 0) {
+        __builtin_cpu_init();
+        cached = pagedcy_cpu_has_avx2_fma() && __builtin_cpu_supports("avx512f") &&
+                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                 __builtin_cpu_supports("avx512bw");
+    }
+    return cached;
+#else
+    return 0;
+#endif
+}
+
+#define PAGEDCY_SIMD_SCALAR 0
+#define PAGEDCY_SIMD_AVX2 1
+#define PAGEDCY_SIMD_AVX512 2
+
+/* The kernels' instruction set: the best the CPU has, capped by the
+ * environment (read once per process): PAGEDCY_SIMD=scalar|avx2|avx512, or
+ * the older PAGEDCY_FORCE_SCALAR=1. Tests use the caps to check that every
+ * path agrees with the reference. */
+#include <stdlib.h>
+static inline int pagedcy_simd_level(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        int level = pagedcy_cpu_has_avx512() ? PAGEDCY_SIMD_AVX512
+                  : pagedcy_cpu_has_avx2_fma() ? PAGEDCY_SIMD_AVX2 : PAGEDCY_SIMD_SCALAR;
         const char *s = getenv("PAGEDCY_FORCE_SCALAR");
-        int force = s && s[0] && s[0] != '0';
-        cached = !force && pagedcy_cpu_has_avx2_fma();
+        if (s && s[0] && s[0] != '0') level = PAGEDCY_SIMD_SCALAR;
+        const char *c = getenv("PAGEDCY_SIMD");
+        if (c && (!strcmp(c, "scalar") || !strcmp(c, "none"))) level = PAGEDCY_SIMD_SCALAR;
+        else if (c && !strcmp(c, "avx2") && level > PAGEDCY_SIMD_AVX2) level = PAGEDCY_SIMD_AVX2;
+        cached = level;
     }
     return cached;
 }
+
+/* Any SIMD path (the conversions only need AVX2/F16C). */
+static inline int pagedcy_use_simd(void) { return pagedcy_simd_level() > PAGEDCY_SIMD_SCALAR; }
 
 #if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("avx2,fma,f16c")))

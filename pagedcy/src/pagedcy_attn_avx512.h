@@ -1,0 +1,250 @@
+/* AVX-512 decode micro-kernels of the paged-attention kernel.
+ *
+ * Same contracts as pa_qk4_avx2 / pa_pv4_avx2 (scores in the pair layout,
+ * 4 query rows per block) with 16-float vectors: the 16-bit KV formats are
+ * bound by FMA and conversion throughput on AVX2 (a K or V row of 8 values
+ * costs one conversion and feeds 4 FMAs), and 512-bit vectors halve both
+ * counts. Softmax, prefill and packing stay on the AVX2 helpers. The head
+ * dimension must be a multiple of 16 (the driver checks). Compiled with
+ * target attributes only, so the portable build carries it and the driver
+ * calls it after pagedcy_simd_level() reported AVX-512.
+ */
+#ifndef PAGEDCY_ATTN_AVX512_H
+#define PAGEDCY_ATTN_AVX512_H
+
+#include "pagedcy_attn_avx2.h"
+
+#if PAGEDCY_ATTN_HAVE_AVX2
+#define PAGEDCY_ATTN_HAVE_AVX512 1
+#define PA_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c")))
+#define PA_AVX512_INLINE __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c"), \
+                                        always_inline)) static inline
+
+/* Sixteen storage-dtype values -> 16 floats (dtype a literal after inlining). */
+PA_AVX512_INLINE __m512 pa_ld16z(const void *base, int64_t idx, int dtype) {
+    if (dtype == PAGEDCY_F32) return _mm512_loadu_ps((const float *)base + idx);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx));
+    if (dtype == PAGEDCY_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Sixteen 16-float accumulators -> one vector whose element 4k+j is the sum
+ * of v[4j+k]: four halving steps (256-bit, 128-bit, 64-bit, 32-bit) that
+ * each add two shuffles of a pair of vectors, 45 instructions for 16 sums
+ * instead of 16 separate horizontal reductions. */
+PA_AVX512_INLINE __m512 pa_hsum16x16(const __m512 *v) {
+    __m512 u[8], x[4], y[2];
+    for (int i = 0; i < 8; i++)
+        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        y[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x[2 * i]),
+                                                                 _mm512_castps_pd(x[2 * i + 1]))),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x[2 * i]),
+                                                                 _mm512_castps_pd(x[2 * i + 1]))));
+    return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+}
+
+PA_AVX512_INLINE __m256 pa_fold16(__m512 x) {
+    return _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
+}
+
+/* Prefetch cursor over rows [row, end) of `len` bytes, `stride` apart: the
+ * next page's K and V rows of the item's heads. The kernels issue its lines
+ * a few per step of their inner loops, so misses stay in flight all the
+ * time instead of in bursts that fill the line-fill buffers and stall. */
+typedef struct {
+    const char *base;
+    int64_t stride, len, off;
+    int row, end;
+} pa_pfcur;
+
+PA_AVX512_INLINE int pa_pf_lines_left(const pa_pfcur *c) {
+    if (!c || c->row >= c->end) return 0;
+    const int64_t per_row = (c->len + 63) / 64;
+    return (int)((c->end - c->row) * per_row - c->off / 64);
+}
+
+PA_AVX512_INLINE void pa_pf_step(pa_pfcur *c, int n, int flags) {
+    for (int i = 0; i < n && c->row < c->end; i++) {
+        PA_PF(c->base + c->row * c->stride + c->off);
+        c->off += 64;
+        if (c->off >= c->len) { c->off = 0; c->row++; }
+    }
+}
+
+/* Scores of 4 query rows (stride D) against 4 tokens: the two pair vectors
+ * of tokens (t, t+1) and (t+2, t+3), stored as 16 consecutive floats at o. */
+PA_AVX512_INLINE void pa_qk4x4_z(const float *q, int D, const char *kb, int64_t rs, float *o,
+                                  pa_pfcur *pf, int pf_per_step, int flags, int dtype) {
+    __m512 a[16];
+    for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+        if (pf) pa_pf_step(pf, pf_per_step, flags);
+        __m512 k[4];
+        for (int j = 0; j < 4; j++) k[j] = pa_ld16z(kb + j * rs, d, dtype);
+        for (int r = 0; r < 4; r++) {
+            const __m512 x = _mm512_loadu_ps(q + (int64_t)r * D + d);
+            for (int j = 0; j < 4; j++) a[r * 4 + j] = _mm512_fmadd_ps(x, k[j], a[r * 4 + j]);
+        }
+    }
+    /* output element p = 8*(t/2) + 2*r + (t&1) is a[r][t]; pa_hsum16x16
+     * puts sum(v[4j+k]) at 4k+j, so v[4j+k] = a[r][t] for p = 4k+j */
+    __m512 v[16];
+    for (int p = 0; p < 16; p++) {
+        const int t = 2 * (p >> 3) + (p & 1), r = (p & 7) >> 1;
+        v[4 * (p & 3) + (p >> 2)] = a[r * 4 + t];
+    }
+    _mm512_storeu_ps(o, pa_hsum16x16(v));
+}
+
+/* One pair vector: 4 rows x tokens (kb0, kb1). */
+PA_AVX512_INLINE __m256 pa_qk4x2_z(const float *q, int D, const char *kb0, const char *kb1,
+                                   pa_pfcur *pf, int pf_per_step, int flags, int dtype) {
+    __m512 a[8];
+    for (int i = 0; i < 8; i++) a[i] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+        if (pf) pa_pf_step(pf, pf_per_step, flags);
+        const __m512 k0 = pa_ld16z(kb0, d, dtype), k1 = pa_ld16z(kb1, d, dtype);
+        for (int r = 0; r < 4; r++) {
+            const __m512 x = _mm512_loadu_ps(q + (int64_t)r * D + d);
+            a[2 * r] = _mm512_fmadd_ps(x, k0, a[2 * r]);
+            a[2 * r + 1] = _mm512_fmadd_ps(x, k1, a[2 * r + 1]);
+        }
+    }
+    return pa_hsum8(pa_fold16(a[0]), pa_fold16(a[1]), pa_fold16(a[2]), pa_fold16(a[3]),
+                    pa_fold16(a[4]), pa_fold16(a[5]), pa_fold16(a[6]), pa_fold16(a[7]));
+}
+
+PA_AVX512_INLINE void pa_qk4_z(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,
+                               float *S, pa_pfcur *pf, int flags, int dtype) {
+    const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2, rs = ks * es;
+    const int steps = (thi - tlo + 3) / 4 * (D / 16);
+    const int per_step = pf ? (pa_pf_lines_left(pf) + steps - 1) / steps : 0;
+    int t = tlo;
+    for (; t + 4 <= thi; t += 4)
+        pa_qk4x4_z(q, D, (const char *)K + (int64_t)t * rs, rs, S + (t >> 1) * 8, pf, per_step, flags, dtype);
+    for (; t < thi; t += 2) {
+        const char *k0 = (const char *)K + (int64_t)t * rs, *k1 = t + 1 < thi ? k0 + rs : k0;
+        _mm256_storeu_ps(S + (t >> 1) * 8, pa_qk4x2_z(q, D, k0, k1, pf, per_step, flags, dtype));
+    }
+    if (pf) pa_pf_step(pf, pa_pf_lines_left(pf), flags);
+}
+
+/* O[r][d0 : d0+16*NC] = O*alpha[r] + sum_t P[r][t] V[t][...] for 4 rows:
+ * 4*NC accumulators stay in registers across the tokens. */
+PA_AVX512_INLINE void pa_pv4_pass_z(float *O, int D, int d0, const float *alpha, const float *P,
+                                    const void *V, int64_t vs, int tlo, int thi, pa_pfcur *pf,
+                                    int pf_per_step, int flags, int NC, int dtype) {
+    const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2;
+    __m512 c[4][4];
+    for (int r = 0; r < 4; r++) {
+        const __m512 al = _mm512_set1_ps(alpha[r]);
+        for (int n = 0; n < NC; n++)
+            c[r][n] = _mm512_mul_ps(_mm512_loadu_ps(O + (int64_t)r * D + d0 + 16 * n), al);
+    }
+    const char *vr = (const char *)V + ((int64_t)tlo * vs + d0) * es;
+    const float *pp = P + (tlo >> 1) * 8 + (tlo & 1);
+    for (int t = tlo; t < thi; t++, vr += vs * es) {
+        if (pf) pa_pf_step(pf, pf_per_step, flags);
+        __m512 v[4];
+        for (int n = 0; n < NC; n++) v[n] = pa_ld16z(vr, 16 * n, dtype);
+        for (int r = 0; r < 4; r++) {
+            const __m512 b = _mm512_set1_ps(pp[2 * r]);
+            for (int n = 0; n < NC; n++) c[r][n] = _mm512_fmadd_ps(b, v[n], c[r][n]);
+        }
+        pp += (t & 1) ? 7 : 1;        /* next token: other lane of the pair, or next pair */
+    }
+    for (int r = 0; r < 4; r++)
+        for (int n = 0; n < NC; n++) _mm512_storeu_ps(O + (int64_t)r * D + d0 + 16 * n, c[r][n]);
+}
+
+PA_AVX512_INLINE void pa_pv4_z(float *O, int D, const float *alpha, const float *P, const void *V,
+                               int64_t vs, int tlo, int thi, pa_pfcur *pf, int flags, int dtype) {
+    const int steps = (D / 64 + (D % 64 >= 32) + (D % 32 >= 16)) * (thi - tlo);
+    const int per_step = pf && steps > 0 ? (pa_pf_lines_left(pf) + steps - 1) / steps : 0;
+    for (int d = 0; d < D; ) {
+        const int nc = D - d >= 64 ? 4 : D - d >= 32 ? 2 : 1;
+        if (nc == 4) pa_pv4_pass_z(O, D, d, alpha, P, V, vs, tlo, thi, pf, per_step, flags, 4, dtype);
+        else if (nc == 2) pa_pv4_pass_z(O, D, d, alpha, P, V, vs, tlo, thi, pf, per_step, flags, 2, dtype);
+        else pa_pv4_pass_z(O, D, d, alpha, P, V, vs, tlo, thi, pf, per_step, flags, 1, dtype);
+        d += 16 * nc;
+    }
+    if (pf) pa_pf_step(pf, pa_pf_lines_left(pf), flags);
+}
+
+/* exp for 16 lanes, same polynomial as pa_exp8; vscalefps applies 2^n and
+ * underflows to 0 by itself, so the range clamp and exponent bit-building go
+ * away. NaN and arguments below -87.33 (masked scores) give exactly 0. */
+PA_AVX512_INLINE __m512 pa_exp16(__m512 x) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33f), _CMP_GE_OQ);
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+    const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_scalef_ps(keep, y, fx);
+}
+
+/* pa_softmax4_avx2 for the common decode case (no soft cap, no ALiBi, every
+ * row sees every token of the pairs [jb, je)), two pairs per vector; any
+ * other case goes to the AVX2 version. */
+PA_AVX512 static void pa_softmax4_avx512(float *S, int jb, int je, const int32_t *vlo,
+                                         const int32_t *vhi, float cap, const float *slope,
+                                         const float *pos0, float *m, float *l, float *alpha) {
+    int full = cap <= 0.0f && slope[0] == 0.0f && slope[1] == 0.0f && slope[2] == 0.0f && slope[3] == 0.0f;
+    for (int r = 0; r < 4; r++) full &= vlo[r] <= 2 * jb && vhi[r] >= 2 * je - 1;
+    if (!full) {
+        pa_softmax4_avx2(S, jb, je, vlo, vhi, cap, slope, pos0, m, l, alpha);
+        return;
+    }
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 vmax = ninf;
+    for (int j = jb; j < je; j += 2) {
+        const __mmask16 k = j + 1 < je ? 0xFFFF : 0x00FF;
+        vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(ninf, k, S + (int64_t)j * 8));
+    }
+    /* row maxima, each duplicated over its two lanes of an 8-lane pair vector */
+    __m256 v8 = _mm256_max_ps(_mm512_castps512_ps256(vmax), _mm512_extractf32x8_ps(vmax, 1));
+    v8 = _mm256_max_ps(v8, _mm256_permute_ps(v8, 0xB1));
+    const __m256 mold = _mm256_setr_ps(m[0], m[0], m[1], m[1], m[2], m[2], m[3], m[3]);
+    const __m256 mnew = _mm256_max_ps(mold, v8);
+    const __m512 mnew16 = _mm512_broadcast_f32x8(mnew);
+    __m512 acc = _mm512_setzero_ps();
+    for (int j = jb; j < je; j += 2) {
+        const __mmask16 k = j + 1 < je ? 0xFFFF : 0x00FF;
+        float *sj = S + (int64_t)j * 8;
+        const __m512 p = pa_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sj), mnew16));
+        _mm512_mask_storeu_ps(sj, k, p);
+        acc = _mm512_mask_add_ps(acc, k, acc, p);
+    }
+    pa_softmax4_finish(mnew, _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1)),
+                       vlo, vhi, m, l, alpha);
+}
+
+PA_AVX512 static void pa_qk4_avx512(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,
+                                    float *S, pa_pfcur *pf, int flags, int dtype) {
+    if (dtype == PAGEDCY_F32) pa_qk4_z(q, D, K, ks, tlo, thi, S, pf, flags, PAGEDCY_F32);
+    else if (dtype == PAGEDCY_F16) pa_qk4_z(q, D, K, ks, tlo, thi, S, pf, flags, PAGEDCY_F16);
+    else pa_qk4_z(q, D, K, ks, tlo, thi, S, pf, flags, PAGEDCY_BF16);
+}
+
+PA_AVX512 static void pa_pv4_avx512(float *O, int D, const float *alpha, const float *P, const void *V,
+                                    int64_t vs, int tlo, int thi, pa_pfcur *pf, int flags, int dtype) {
+    if (dtype == PAGEDCY_F32) pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, PAGEDCY_F32);
+    else if (dtype == PAGEDCY_F16) pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, PAGEDCY_F16);
+    else pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, PAGEDCY_BF16);
+}
+
+#endif /* AVX2 available */
+#endif
