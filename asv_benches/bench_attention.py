@@ -5,8 +5,8 @@ head_dim 128, pages in random order.
 """
 import numpy as np
 
-from pagedcy._attention import batch_paged_attention
-from pagedcy.bench import _median_time, make_decode, numpy_reference, torch_case
+from pagedcy._attention import batch_paged_attention, simd_level
+from pagedcy.bench import _median_time, make_decode, numpy_reference, paired_ratio, torch_case
 from pagedcy._bandwidth import read_bandwidth
 
 H, HKV, D = 32, 8, 128
@@ -66,6 +66,54 @@ class Decode:
         ref = _seconds(lambda: numpy_reference(q, ind, pages, bt, lens, dtype, False), 2)
         return ref / _seconds(self.run)
     track_speedup_vs_numpy.unit = "x"
+
+
+class DecodeSimdLevel:
+    """Headline decode (32 x 2048, 2 threads) per kernel instruction set
+    (1 AVX2, 2 AVX-512; a level the CPU lacks is skipped)."""
+    params = ([1, 2], ["float32", "float16", "bfloat16"])
+    param_names = ["simd", "dtype"]
+    timeout = 300
+
+    def setup(self, simd, dtype):
+        if simd > simd_level():
+            raise NotImplementedError(f"this CPU (or PAGEDCY_SIMD) stops at level {simd_level()}")
+        self.args = _make(32, 2048, 1, dtype, 16)
+        self.out = np.empty_like(self.args[0])
+        self.simd = simd
+        self.run()
+
+    def run(self):
+        q, ind, pages, bt, lens = self.args
+        batch_paged_attention(q, ind, pages, 0, bt, lens, out=self.out, num_threads=2,
+                              _max_simd=self.simd)
+
+    def time_decode(self, simd, dtype):
+        self.run()
+
+
+class DecodeFp16Speedup:
+    """fp16-vs-fp32 decode speed-up (32 x 2048, 2 threads) per instruction set,
+    from alternating runs over the same block tables (the issue's 1.6x target)."""
+    params = ([1, 2],)
+    param_names = ["simd"]
+    timeout = 300
+
+    def setup(self, simd):
+        if simd > simd_level():
+            raise NotImplementedError(f"this CPU (or PAGEDCY_SIMD) stops at level {simd_level()}")
+        self.q, self.ind, self.p32, self.bt, self.lens = _make(32, 2048, 1, "float32", 16)
+        self.p16 = self.p32.astype(np.float16)
+        self.out = np.empty_like(self.q)
+        self.simd = simd
+
+    def _run(self, pages):
+        batch_paged_attention(self.q, self.ind, pages, 0, self.bt, self.lens, out=self.out,
+                              num_threads=2, _max_simd=self.simd)
+
+    def track_fp16_speedup_over_fp32(self, simd):
+        return paired_ratio(lambda: self._run(self.p32), lambda: self._run(self.p16), 9)
+    track_fp16_speedup_over_fp32.unit = "x"
 
 
 class DecodeSpeedupVsTorch:

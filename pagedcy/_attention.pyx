@@ -309,7 +309,7 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
         P.alibi = <const float *>cnp.PyArray_DATA(alibi) if alibi is not None else NULL
         P.out = <float *>cnp.PyArray_DATA(o)
         P.lse = <float *>cnp.PyArray_DATA(lse) if lse is not None else NULL
-        P.use_simd = 0 if _force_scalar else min(pagedcy_simd_level(), operator.index(_max_simd))
+        P.use_simd = 0 if _force_scalar else max(0, min(pagedcy_simd_level(), operator.index(_max_simd)))
         P.flags = <int32_t>operator.index(_flags)
         reps = max(1, operator.index(_repeat))     # microbenchmarks: no Python overhead
         with nogil:

@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from pagedcy._attention import batch_paged_attention, simd_enabled
+from pagedcy._attention import batch_paged_attention, simd_level
+from pagedcy._threads import simd_path
 from pagedcy._bandwidth import read_bandwidth
 
 H, HKV, D, T = 32, 8, 128, 16
@@ -213,6 +214,14 @@ def paired_checks(dec_b, dec_l, pre_l, nt, repeats, rng):
     out["fp16_speedup"] = paired_ratio(
         lambda: batch_paged_attention(q, ind, p32, 0, bt, lens, out=o, num_threads=nt),
         lambda: batch_paged_attention(q, ind, p16, 0, bt, lens, out=o, num_threads=nt), repeats)
+    if simd_level() >= 2:
+        # the same pair with the AVX-512 kernels switched off (what an
+        # AVX2-only CPU runs)
+        _progress("paired: fp16 vs fp32 decode, AVX2 kernels ...")
+        out["fp16_speedup_avx2"] = paired_ratio(
+            lambda: batch_paged_attention(q, ind, p32, 0, bt, lens, out=o, num_threads=nt, _max_simd=1),
+            lambda: batch_paged_attention(q, ind, p16, 0, bt, lens, out=o, num_threads=nt, _max_simd=1),
+            repeats)
     del p32, p16
     gc.collect()
     if nt > 1:
@@ -295,14 +304,16 @@ def main(argv=None):
     _progress("")
     sys.stderr.write("\r\033[K")
     print(f"pagedcy paged attention: H={H} Hkv={HKV} D={D} page_size={T}, random page order, "
-          f"SIMD={'on' if simd_enabled() else 'off'}")
+          f"SIMD={simd_path()}")
     print(format_table(rows, bw, bw_start))
     by = {(r["case"], r["threads"]): r for r in rows}
     d2, d1 = by.get((specs[0][0], nt)), by.get((specs[0][0], 1))
     f16 = by.get((specs[3][0], nt))
     if d2 and f16:
         print(f"fp16 vs fp32 decode speed-up: {d2['ms'] / f16['ms']:.2f}x (table), "
-              f"{paired['fp16_speedup']:.2f}x (alternating runs, best of {rep} each)")
+              f"{paired['fp16_speedup']:.2f}x (alternating runs, best of {rep} each)"
+              + (f"; AVX2 kernels only: {paired['fp16_speedup_avx2']:.2f}x (alternating runs)"
+                 if "fp16_speedup_avx2" in paired else ""))
     p1, p2 = by.get((specs[-1][0], 1)), by.get((specs[-1][0], nt))
     if p1 and p2 and nt > 1:
         print(f"prefill scaling 1 -> {nt} threads: {p1['ms'] / p2['ms']:.2f}x (table), "

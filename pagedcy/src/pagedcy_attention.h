@@ -184,6 +184,8 @@ static float pa_softmax_row_scalar(float *s, int tb, int te, int vlo, int vhi,
 #define PA_QK4 pa_qk4_avx2
 #define PA_PV4 pa_pv4_avx2
 #define PA_SOFTMAX4 pa_softmax4_avx2
+#define PA_QK12 pa_qk12_avx2
+#define PA_PV12 pa_pv12_avx2
 #include "pagedcy_attn_item.h"
 #undef PA_SFX
 #undef PA_FN_ATTR
@@ -191,6 +193,8 @@ static float pa_softmax_row_scalar(float *s, int tb, int te, int vlo, int vhi,
 #undef PA_QK4
 #undef PA_PV4
 #undef PA_SOFTMAX4
+#undef PA_QK12
+#undef PA_PV12
 #endif
 
 #if PAGEDCY_ATTN_HAVE_AVX512
@@ -200,6 +204,8 @@ static float pa_softmax_row_scalar(float *s, int tb, int te, int vlo, int vhi,
 #define PA_QK4 pa_qk4_avx512
 #define PA_PV4 pa_pv4_avx512
 #define PA_SOFTMAX4 pa_softmax4_avx512
+#define PA_QK12 pa_qk12_avx512
+#define PA_PV12 pa_pv12_avx512
 #include "pagedcy_attn_item.h"
 #undef PA_SFX
 #undef PA_FN_ATTR
@@ -207,6 +213,8 @@ static float pa_softmax_row_scalar(float *s, int tb, int te, int vlo, int vhi,
 #undef PA_QK4
 #undef PA_PV4
 #undef PA_SOFTMAX4
+#undef PA_QK12
+#undef PA_PV12
 #endif
 
 static inline void pagedcy_attn_run_item(const pagedcy_attn_params *P, const pagedcy_attn_item *it,

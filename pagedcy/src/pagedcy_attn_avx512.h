@@ -52,27 +52,44 @@ PA_AVX512_INLINE __m256 pa_fold16(__m512 x) {
     return _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
 }
 
-/* Prefetch cursor over rows [row, end) of `len` bytes, `stride` apart: the
- * next page's K and V rows of the item's heads. The kernels issue its lines
- * a few per step of their inner loops, so misses stay in flight all the
- * time instead of in bursts that fill the line-fill buffers and stall. */
+/* Prefetch cursor over rows [row0, row1) of `len` bytes, `stride` apart:
+ * the next page's K and V rows of the item's heads. The kernels issue its
+ * lines a few per step of their inner loops, so misses stay in flight all
+ * the time instead of in bursts that fill the line-fill buffers and stall.
+ * When the item covers every KV head the rows abut and the cursor is one
+ * contiguous span (p -> end); otherwise it hops row by row. */
 typedef struct {
-    const char *base;
-    int64_t stride, len, off;
-    int row, end;
+    const char *p, *row_end, *end;
+    int64_t stride, len;
 } pa_pfcur;
 
-PA_AVX512_INLINE int pa_pf_lines_left(const pa_pfcur *c) {
-    if (!c || c->row >= c->end) return 0;
-    const int64_t per_row = (c->len + 63) / 64;
-    return (int)((c->end - c->row) * per_row - c->off / 64);
+static inline void pa_pf_init(pa_pfcur *c, const char *base, int64_t stride, int64_t len, int row0, int row1) {
+    c->stride = stride;
+    c->len = len;
+    c->p = base + (int64_t)row0 * stride;
+    if (row0 >= row1) { c->row_end = c->end = c->p; return; }
+    if (len >= stride) c->row_end = c->end = base + (int64_t)row1 * stride;
+    else { c->row_end = c->p + len; c->end = base + (int64_t)(row1 - 1) * stride + len; }
+}
+
+static inline int pa_pf_lines_left(const pa_pfcur *c) {
+    if (!c || c->p >= c->end) return 0;
+    int64_t n = (c->row_end - c->p + 63) / 64;
+    if (c->end > c->row_end) n += (c->end - c->row_end) / c->stride * ((c->len + 63) / 64);
+    return (int)n;
 }
 
 PA_AVX512_INLINE void pa_pf_step(pa_pfcur *c, int n, int flags) {
-    for (int i = 0; i < n && c->row < c->end; i++) {
-        PA_PF(c->base + c->row * c->stride + c->off);
-        c->off += 64;
-        if (c->off >= c->len) { c->off = 0; c->row++; }
+    while (n > 0 && c->p < c->end) {
+        int k = (int)((c->row_end - c->p + 63) >> 6);
+        if (k > n) k = n;
+        for (int i = 0; i < k; i++) PA_PF(c->p + 64 * i);
+        c->p += 64 * (int64_t)k;
+        n -= k;
+        if (c->p >= c->row_end && c->row_end < c->end) {
+            c->row_end += c->stride;
+            c->p = c->row_end - c->len;
+        }
     }
 }
 
@@ -230,6 +247,53 @@ PA_AVX512 static void pa_softmax4_avx512(float *S, int jb, int je, const int32_t
     }
     pa_softmax4_finish(mnew, _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1)),
                        vlo, vhi, m, l, alpha);
+}
+
+/* ---- prefill: 16-token / 16-float versions of the AVX2 12-row kernels ----
+ * Same inputs and outputs as pa_qk12_avx2 / pa_pv12_avx2 (K^T packed
+ * [D][ldk], V packed [t][D] float32, scores in the pair layout of three 4-row
+ * blocks); whole 16-token groups of K^T here, a remaining 8-token group on
+ * the AVX2 kernel. */
+PA_AVX512 static void pa_qk12_avx512(const float *qt, int D, const float *Kt, int64_t ldk, int tlo, int thi,
+                                     float *S0, float *S1, float *S2) {
+    int t0 = tlo & ~7;
+    for (; t0 < thi && t0 + 16 <= ldk; t0 += 16) {
+        __m512 c[12];
+        for (int i = 0; i < 12; i++) c[i] = _mm512_setzero_ps();
+        const float *k = Kt + t0, *q = qt;
+        for (int d = 0; d < D; d++, k += ldk, q += 12) {
+            const __m512 kv = _mm512_loadu_ps(k);
+            for (int i = 0; i < 12; i++) c[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i]), kv, c[i]);
+        }
+        float *Sb[3] = {S0, S1, S2};
+        for (int b = 0; b < 3; b++) {
+            const __m512 *r = c + 4 * b;
+            pa_store_pairs4(Sb[b], t0, _mm512_castps512_ps256(r[0]), _mm512_castps512_ps256(r[1]),
+                            _mm512_castps512_ps256(r[2]), _mm512_castps512_ps256(r[3]));
+            pa_store_pairs4(Sb[b], t0 + 8, _mm512_extractf32x8_ps(r[0], 1), _mm512_extractf32x8_ps(r[1], 1),
+                            _mm512_extractf32x8_ps(r[2], 1), _mm512_extractf32x8_ps(r[3], 1));
+        }
+    }
+    if (t0 < thi) pa_qk12_avx2(qt, D, Kt, ldk, t0, thi, S0, S1, S2);
+}
+
+PA_AVX512 static void pa_pv12_avx512(float *O, int D, const float *alpha, const float *S0, const float *S1,
+                                     const float *S2, const float *V, int tlo, int thi) {
+    for (int d = 0; d < D; d += 16) {
+        float *o = O + d;
+        __m512 c[12];
+        for (int i = 0; i < 12; i++)
+            c[i] = _mm512_mul_ps(_mm512_loadu_ps(o + (int64_t)i * D), _mm512_set1_ps(alpha[i]));
+        const float *v = V + (int64_t)tlo * D + d;
+        for (int t = tlo; t < thi; t++, v += D) {
+            const __m512 vv = _mm512_loadu_ps(v);
+            const int64_t off = (int64_t)(t >> 1) * 8 + (t & 1);
+            const float *pb[3] = {S0 + off, S1 + off, S2 + off};
+            for (int i = 0; i < 12; i++)
+                c[i] = _mm512_fmadd_ps(_mm512_set1_ps(pb[i >> 2][2 * (i & 3)]), vv, c[i]);
+        }
+        for (int i = 0; i < 12; i++) _mm512_storeu_ps(o + (int64_t)i * D, c[i]);
+    }
 }
 
 PA_AVX512 static void pa_qk4_avx512(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,

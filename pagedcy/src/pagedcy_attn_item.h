@@ -5,7 +5,8 @@
  * scalar helpers and once with the AVX2 ones, so both paths share every line
  * of the bookkeeping (visibility, page walk, finalisation) and can only differ
  * in floating-point rounding.  Expects PA_SFX(name), PA_FN_ATTR, PA_SIMD (0 scalar,
- * 1 AVX2, 2 AVX-512) and, when PA_SIMD, the decode micro-kernels PA_QK4 / PA_PV4.
+ * 1 AVX2, 2 AVX-512) and, when PA_SIMD, the micro-kernels PA_QK4 / PA_PV4 /
+ * PA_SOFTMAX4 (decode) and PA_QK12 / PA_PV12 (prefill).
  *
  * Query vectors of the item are numbered v = row * G + head_in_group and
  * padded to a multiple of 4 (the micro-kernels' M block); pad rows are zero
@@ -182,7 +183,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                         }
                         if (ulo >= uhi) continue;
                         float *S0 = W.S + (int64_t)b0 * 4 * Sld;
-                        pa_qk12_avx2(qg + (int64_t)b0 * 4 * D, D, W.kbuf, Sld, ulo, uhi,
+                        PA_QK12(qg + (int64_t)b0 * 4 * D, D, W.kbuf, Sld, ulo, uhi,
                                      S0, S0 + 4 * Sld, S0 + 8 * Sld);
                         for (int k = 0; k < 3; k++) {
                             const int b4 = b0 + k;
@@ -196,7 +197,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                                              W.vlo + b4 * 4, W.vhi + b4 * 4, P->soft_cap, slope4, pos4,
                                              mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
                         }
-                        pa_pv12_avx2(Og + (int64_t)b0 * 4 * D, D, W.alpha + b0 * 4, S0, S0 + 4 * Sld,
+                        PA_PV12(Og + (int64_t)b0 * 4 * D, D, W.alpha + b0 * 4, S0, S0 + 4 * Sld,
                                      S0 + 8 * Sld, W.vbuf, ulo & ~1, uhi);
                     }
                     continue;
@@ -219,13 +220,9 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 const char *pf_page = P->dtype == PAGEDCY_F32 && !(P->flags & 32) ? NULL : next_page;
                 if (pf_page && !(P->flags & 16)) {
                     const int r0 = gi * 2 * T / ng, r1 = (gi + 1) * 2 * T / ng, rm = (r0 + r1) / 2;
-                    cK.base = pf_page + (int64_t)it->g0 * D * es;
-                    cK.stride = kv_dim * es;
-                    cK.len = (int64_t)ng * row_bytes;
-                    cK.off = 0;
-                    cV = cK;
-                    cK.row = r0; cK.end = rm;
-                    cV.row = rm; cV.end = r1;
+                    const char *base = pf_page + (int64_t)it->g0 * D * es;
+                    pa_pf_init(&cK, base, kv_dim * es, (int64_t)ng * row_bytes, r0, rm);
+                    pa_pf_init(&cV, base, kv_dim * es, (int64_t)ng * row_bytes, rm, r1);
                     use_pf = 1;
                 }
 #endif
