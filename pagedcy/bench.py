@@ -1,7 +1,9 @@
 """Paged-attention benchmark: ``python -m pagedcy bench [--quick] [--threads N] [--repeats R]``.
 
 Headline shape: 32 query heads, 8 KV heads, head_dim 128, page_size 16, pages
-in random order. Reports time (median), GB/s of K+V read (decode) or GFLOP/s
+in random order. Every case runs once per round, round after round, and the
+table reports each case's best time, so a busy neighbour on a shared machine
+hits all of them alike. Reports time, GB/s of K+V read (decode) or GFLOP/s
 (prefill), the share of the read bandwidth measured in the same run, and the
 speed-up over a NumPy reference (gather + batched matmul/softmax) and over
 torch's scaled_dot_product_attention on contiguous K/V (when torch imports).
@@ -129,43 +131,84 @@ def torch_case(q, pages, bt, lens, dtype, causal, threads):
     return run
 
 
-def bench_case(name, kind, batch, kv_len, dtype, threads, repeats, seed, bw, q_len=1):
-    """Time pagedcy on one case; returns its table row."""
+_INPUTS = {}
+
+
+def case_inputs(batch, kv_len, dtype, q_len, seed):
+    """Inputs of one case; every dtype of a (batch, kv_len, q_len) shape shares the
+    same queries and block tables, its pages converted from the same float32 values,
+    so dtype rows differ only in the storage format."""
+    key = (batch, kv_len, q_len)
+    if key not in _INPUTS:
+        _INPUTS[key] = {"float32": make_decode(batch, kv_len, "float32",
+                                               np.random.default_rng(seed), q_len=q_len)}
+    by_dtype = _INPUTS[key]
+    if dtype not in by_dtype:
+        q, indptr, p32, bt, lens = by_dtype["float32"]
+        pages = np.empty(p32.shape, np.float16 if dtype == "float16" else np.uint16)
+        for i in range(0, p32.shape[0], 256):
+            pages[i:i + 256] = _to_storage(p32[i:i + 256], dtype)
+        by_dtype[dtype] = (q, indptr, pages, bt, lens)
+    return by_dtype[dtype]
+
+
+def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_simd=2):
+    """One table row of pagedcy on a case, with the closure that runs it."""
     _progress(f"{name}: building inputs ...")
-    q, indptr, pages, bt, lens = make_decode(batch, kv_len, dtype, np.random.default_rng(seed),
-                                             q_len=q_len)
+    q, indptr, pages, bt, lens = case_inputs(batch, kv_len, dtype, q_len, seed)
     out = np.empty_like(q)
     causal = kind == "prefill"
 
     def ours():
         batch_paged_attention(q, indptr, pages, 0, bt, lens, out=out, causal=causal,
-                              num_threads=threads)
-    _progress(f"{name}: pagedcy ...")
-    t = _median_time(ours, repeats)
-    row = {"case": name, "threads": threads, "ms": t * 1e3, "numpy": None, "torch": None,
-           "ran_baselines": False}
-    if kind == "decode":
-        row["rate"] = pages.nbytes / t / 1e9
-        row["unit"] = "GB/s"
-        row["pct_bw"] = 100.0 * row["rate"] / bw[threads]
-    else:
+                              num_threads=threads, _max_simd=max_simd)
+    ours()                                # warm-up: page faults, thread start
+    row = {"case": name, "threads": threads, "numpy": None, "torch": None,
+           "ran_baselines": False, "run": ours, "times": [], "kind": kind, "nbytes": pages.nbytes,
+           "spec": (kind, batch, kv_len, dtype, threads, seed, q_len)}
+    if kind == "prefill":
         pairs = sum(min(kv_len, kv_len - q_len + i + 1) for i in range(q_len)) * batch
-        row["rate"] = 4.0 * D * H * pairs / t / 1e9
-        row["unit"] = "GFLOP/s"
-        row["pct_bw"] = None
-    del q, pages, out
-    gc.collect()
+        row["flops"] = 4.0 * D * H * pairs
     return row
 
 
-def baseline_case(row, kind, batch, kv_len, dtype, threads, repeats, seed, q_len=1):
+def time_interleaved(rows, repeats, min_seconds):
+    """Run every row's case once per round, round after round (at least `repeats`
+    rounds and `min_seconds`), and keep each case's best time: a noisy
+    neighbour then hits all cases alike instead of whichever ran during it."""
+    t_end = time.perf_counter() + min_seconds
+    rounds = 0
+    while rounds < repeats or time.perf_counter() < t_end:
+        rounds += 1
+        _progress(f"timing: round {rounds} ...")
+        for r in rows:
+            t0 = time.perf_counter()
+            r["run"]()
+            r["times"].append(time.perf_counter() - t0)
+    return rounds
+
+
+def finish_row(row, bw):
+    t = min(row["times"])
+    row["ms"] = t * 1e3
+    if row["kind"] == "decode":
+        row["rate"] = row["nbytes"] / t / 1e9
+        row["unit"] = "GB/s"
+        row["pct_bw"] = 100.0 * row["rate"] / bw[row["threads"]]
+    else:
+        row["rate"] = row["flops"] / t / 1e9
+        row["unit"] = "GFLOP/s"
+        row["pct_bw"] = None
+
+
+def baseline_case(row, repeats):
     """Check pagedcy against the NumPy reference on the same inputs and fill in
     the NumPy / torch speed-ups of `row` (timed after every pagedcy case, so
     BLAS / torch worker threads cannot disturb pagedcy's timings)."""
+    kind, batch, kv_len, dtype, threads, seed, q_len = row["spec"]
     name = row["case"]
     _progress(f"{name}: numpy reference ...")
-    q, indptr, pages, bt, lens = make_decode(batch, kv_len, dtype, np.random.default_rng(seed),
-                                             q_len=q_len)
+    q, indptr, pages, bt, lens = case_inputs(batch, kv_len, dtype, q_len, seed)
     causal = kind == "prefill"
     out = batch_paged_attention(q, indptr, pages, 0, bt, lens, causal=causal, num_threads=threads)
     ref = numpy_reference(q, indptr, pages, bt, lens, dtype, causal)
@@ -183,7 +226,7 @@ def baseline_case(row, kind, batch, kv_len, dtype, threads, repeats, seed, q_len
     run = torch_case(q, pages, bt, lens, dtype, causal, threads)
     if run is not None:
         row["torch"] = _median_time(run, repeats) / t
-    del run, q, pages
+    del run
     gc.collect()
 
 
@@ -201,38 +244,6 @@ def paired_ratio(fn_a, fn_b, repeats):
         fn_b()
         tb.append(time.perf_counter() - t0)
     return min(ta) / min(tb)
-
-
-def paired_checks(dec_b, dec_l, pre_l, nt, repeats, rng):
-    """fp16-vs-fp32 decode speed-up and prefill thread scaling, each from
-    alternating runs in the same process."""
-    out = {}
-    _progress("paired: fp16 vs fp32 decode ...")
-    q, ind, p32, bt, lens = make_decode(dec_b, dec_l, "float32", rng)
-    p16 = p32.astype(np.float16)
-    o = np.empty_like(q)
-    out["fp16_speedup"] = paired_ratio(
-        lambda: batch_paged_attention(q, ind, p32, 0, bt, lens, out=o, num_threads=nt),
-        lambda: batch_paged_attention(q, ind, p16, 0, bt, lens, out=o, num_threads=nt), repeats)
-    if simd_level() >= 2:
-        # the same pair with the AVX-512 kernels switched off (what an
-        # AVX2-only CPU runs)
-        _progress("paired: fp16 vs fp32 decode, AVX2 kernels ...")
-        out["fp16_speedup_avx2"] = paired_ratio(
-            lambda: batch_paged_attention(q, ind, p32, 0, bt, lens, out=o, num_threads=nt, _max_simd=1),
-            lambda: batch_paged_attention(q, ind, p16, 0, bt, lens, out=o, num_threads=nt, _max_simd=1),
-            repeats)
-    del p32, p16
-    gc.collect()
-    if nt > 1:
-        _progress("paired: prefill thread scaling ...")
-        q, ind, pages, bt, lens = make_decode(1, pre_l, "float32", rng, q_len=pre_l)
-        o = np.empty_like(q)
-        out["prefill_scaling"] = paired_ratio(
-            lambda: batch_paged_attention(q, ind, pages, 0, bt, lens, out=o, num_threads=1),
-            lambda: batch_paged_attention(q, ind, pages, 0, bt, lens, out=o, num_threads=nt),
-            max(3, repeats // 2))
-    return out
 
 
 def format_table(rows, bw, bw_start=None):
@@ -258,12 +269,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m pagedcy bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (CI smoke run)")
     ap.add_argument("--threads", type=int, default=2, help="thread count of the multi-threaded cases")
-    ap.add_argument("--repeats", type=int, default=5, help="timed runs per case (median reported)")
+    ap.add_argument("--repeats", type=int, default=7,
+                    help="at least this many interleaved rounds (best time reported)")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="keep running rounds for at least this long (default 20, --quick 1)")
     ap.add_argument("--no-baselines", action="store_true", help="skip the NumPy / torch baselines")
     args = ap.parse_args(argv)
     nt = max(1, args.threads)
     rep = max(1, args.repeats)
-    rng = np.random.default_rng(0)
+    secs = args.seconds if args.seconds is not None else (1.0 if args.quick else 20.0)
     if args.quick:
         dec_b, dec_l, long_l, pre_l, bw_bytes = 8, 512, 4096, 256, 64 * 2**20
     else:
@@ -273,20 +287,27 @@ def main(argv=None):
     if nt != 1:
         bw[1] = read_bandwidth(bw_bytes, num_threads=1, repeats=rep)
     base = not args.no_baselines
+    dec = f"decode {dec_b}x{dec_l}"
     specs = [
-        (f"decode {dec_b}x{dec_l} fp32", "decode", dec_b, dec_l, "float32", nt, 1),
-        (f"decode {dec_b}x{dec_l} fp32", "decode", dec_b, dec_l, "float32", 1, 1),
-        (f"decode 1x{long_l} fp32", "decode", 1, long_l, "float32", nt, 1),
-        (f"decode {dec_b}x{dec_l} fp16", "decode", dec_b, dec_l, "float16", nt, 1),
-        (f"decode {dec_b}x{dec_l} bf16", "decode", dec_b, dec_l, "bfloat16", nt, 1),
-        (f"prefill causal {pre_l} fp32", "prefill", 1, pre_l, "float32", 1, pre_l),
-        (f"prefill causal {pre_l} fp32", "prefill", 1, pre_l, "float32", nt, pre_l),
+        (f"{dec} fp32", "decode", dec_b, dec_l, "float32", nt, 1, 2),
+        (f"{dec} fp32", "decode", dec_b, dec_l, "float32", 1, 1, 2),
+        (f"decode 1x{long_l} fp32", "decode", 1, long_l, "float32", nt, 1, 2),
+        (f"{dec} fp16", "decode", dec_b, dec_l, "float16", nt, 1, 2),
+        (f"{dec} bf16", "decode", dec_b, dec_l, "bfloat16", nt, 1, 2),
+        (f"prefill causal {pre_l} fp32", "prefill", 1, pre_l, "float32", 1, pre_l, 2),
+        (f"prefill causal {pre_l} fp32", "prefill", 1, pre_l, "float32", nt, pre_l, 2),
     ]
     if nt == 1:
         specs = [s for i, s in enumerate(specs) if i not in (1, 5)]
-    rows = []
-    for i, (name, kind, b, l, dt, th, ql) in enumerate(specs):
-        rows.append(bench_case(name, kind, b, l, dt, th, rep, 1000 + i, bw, q_len=ql))
+    if simd_level() >= 2:
+        # what a CPU without AVX-512 runs: the same cases on the AVX2 kernels
+        specs += [(f"{dec} fp32 [AVX2 kernels]", "decode", dec_b, dec_l, "float32", nt, 1, 1),
+                  (f"{dec} fp16 [AVX2 kernels]", "decode", dec_b, dec_l, "float16", nt, 1, 1)]
+    seeds = {}
+    rows = [bench_case(name, kind, b, l, dt, th, seeds.setdefault((b, l, ql), 1000 + len(seeds)),
+                       q_len=ql, max_simd=ms)
+            for name, kind, b, l, dt, th, ql, ms in specs]
+    rounds = time_interleaved(rows, rep, secs)
     # Measure the yardstick again after the kernels and keep the better value
     # per thread count, so a neighbour's load at the start cannot inflate the
     # "% of bandwidth" figures.
@@ -295,29 +316,29 @@ def main(argv=None):
     for k in list(bw):
         bw[k] = max(bw[k], read_bandwidth(bw_bytes, num_threads=k, repeats=rep))
     for row in rows:
-        if row["pct_bw"] is not None:
-            row["pct_bw"] = 100.0 * row["rate"] / bw[row["threads"]]
-    paired = paired_checks(dec_b, dec_l, pre_l, nt, rep, rng)
+        finish_row(row, bw)
+        del row["run"]
     if base:
-        for i, ((name, kind, b, l, dt, th, ql), row) in enumerate(zip(specs, rows)):
-            baseline_case(row, kind, b, l, dt, th, rep, 1000 + i, q_len=ql)
+        for row in rows:
+            baseline_case(row, rep)
+    _INPUTS.clear()
+    gc.collect()
     _progress("")
     sys.stderr.write("\r\033[K")
     print(f"pagedcy paged attention: H={H} Hkv={HKV} D={D} page_size={T}, random page order, "
-          f"SIMD={simd_path()}")
+          f"SIMD={simd_path()}; time = best of {rounds} interleaved rounds")
     print(format_table(rows, bw, bw_start))
     by = {(r["case"], r["threads"]): r for r in rows}
-    d2, d1 = by.get((specs[0][0], nt)), by.get((specs[0][0], 1))
-    f16 = by.get((specs[3][0], nt))
-    if d2 and f16:
-        print(f"fp16 vs fp32 decode speed-up: {d2['ms'] / f16['ms']:.2f}x (table), "
-              f"{paired['fp16_speedup']:.2f}x (alternating runs, best of {rep} each)"
-              + (f"; AVX2 kernels only: {paired['fp16_speedup_avx2']:.2f}x (alternating runs)"
-                 if "fp16_speedup_avx2" in paired else ""))
-    p1, p2 = by.get((specs[-1][0], 1)), by.get((specs[-1][0], nt))
+    d32, f16 = by.get((f"{dec} fp32", nt)), by.get((f"{dec} fp16", nt))
+    if d32 and f16:
+        line = f"fp16 vs fp32 decode speed-up ({nt} threads): {d32['ms'] / f16['ms']:.2f}x"
+        a32, a16 = by.get((f"{dec} fp32 [AVX2 kernels]", nt)), by.get((f"{dec} fp16 [AVX2 kernels]", nt))
+        if a32 and a16:
+            line += f"; with the AVX2 kernels: {a32['ms'] / a16['ms']:.2f}x"
+        print(line)
+    p1, p2 = by.get((specs[5][0], 1)), by.get((specs[5][0], nt))
     if p1 and p2 and nt > 1:
-        print(f"prefill scaling 1 -> {nt} threads: {p1['ms'] / p2['ms']:.2f}x (table), "
-              f"{paired['prefill_scaling']:.2f}x (alternating runs)")
+        print(f"prefill scaling 1 -> {nt} threads: {p1['ms'] / p2['ms']:.2f}x")
     return rows
 
 
