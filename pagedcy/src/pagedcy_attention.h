@@ -169,52 +169,25 @@ static float pa_softmax_row_scalar(float *s, int tb, int te, int vlo, int vhi,
 }
 
 /* ---- the item driver, instantiated per instruction set ------------------ */
-#define PA_SFX(name) name##_scalar
+/* pagedcy_attn_item.h defines PA_SFX(name) as name_<PA_ISA> and #undefs the
+ * three parameters at its end. */
+#define PA_ISA scalar
 #define PA_FN_ATTR
 #define PA_SIMD 0
 #include "pagedcy_attn_item.h"
-#undef PA_SFX
-#undef PA_FN_ATTR
-#undef PA_SIMD
 
 #if PAGEDCY_ATTN_HAVE_AVX2
-#define PA_SFX(name) name##_avx2
+#define PA_ISA avx2
 #define PA_FN_ATTR PA_AVX2
 #define PA_SIMD 1
-#define PA_QK4 pa_qk4_avx2
-#define PA_PV4 pa_pv4_avx2
-#define PA_SOFTMAX4 pa_softmax4_avx2
-#define PA_QK12 pa_qk12_avx2
-#define PA_PV12 pa_pv12_avx2
 #include "pagedcy_attn_item.h"
-#undef PA_SFX
-#undef PA_FN_ATTR
-#undef PA_SIMD
-#undef PA_QK4
-#undef PA_PV4
-#undef PA_SOFTMAX4
-#undef PA_QK12
-#undef PA_PV12
 #endif
 
 #if PAGEDCY_ATTN_HAVE_AVX512
-#define PA_SFX(name) name##_avx512
+#define PA_ISA avx512
 #define PA_FN_ATTR PA_AVX512
 #define PA_SIMD 2
-#define PA_QK4 pa_qk4_avx512
-#define PA_PV4 pa_pv4_avx512
-#define PA_SOFTMAX4 pa_softmax4_avx512
-#define PA_QK12 pa_qk12_avx512
-#define PA_PV12 pa_pv12_avx512
 #include "pagedcy_attn_item.h"
-#undef PA_SFX
-#undef PA_FN_ATTR
-#undef PA_SIMD
-#undef PA_QK4
-#undef PA_PV4
-#undef PA_SOFTMAX4
-#undef PA_QK12
-#undef PA_PV12
 #endif
 
 static inline void pagedcy_attn_run_item(const pagedcy_attn_params *P, const pagedcy_attn_item *it,

@@ -81,6 +81,21 @@ PA_AVX2_INLINE float pa_hadd8(__m256 x) {
     return _mm_cvtss_f32(m);
 }
 
+/* exp(x) = 2^fx * p(r), r = x - fx*ln2 (ln2 in two parts), p the Cephes
+ * polynomial: y = p(r) for one vector width; `w` is the intrinsic prefix
+ * (_mm256 or _mm512), so the AVX2 and AVX-512 exps share the coefficients. */
+#define PA_EXP_POLY(w, fx, x, y) do { \
+        x = w##_fnmadd_ps(fx, w##_set1_ps(0.693359375f), x); \
+        x = w##_fnmadd_ps(fx, w##_set1_ps(-2.12194440e-4f), x); \
+        y = w##_set1_ps(1.9875691500E-4f); \
+        y = w##_fmadd_ps(y, x, w##_set1_ps(1.3981999507E-3f)); \
+        y = w##_fmadd_ps(y, x, w##_set1_ps(8.3334519073E-3f)); \
+        y = w##_fmadd_ps(y, x, w##_set1_ps(4.1665795894E-2f)); \
+        y = w##_fmadd_ps(y, x, w##_set1_ps(1.6666665459E-1f)); \
+        y = w##_fmadd_ps(y, x, w##_set1_ps(5.0000001201E-1f)); \
+        y = w##_fmadd_ps(y, w##_mul_ps(x, x), w##_add_ps(x, w##_set1_ps(1.0f))); \
+    } while (0)
+
 /* exp for x <= 88 (Cephes polynomial, ~2 ulp). Arguments below the float
  * range, -inf and NaN give exactly 0, which is what a masked score needs. */
 PA_AVX2_INLINE __m256 pa_exp8(__m256 x) {
@@ -89,15 +104,8 @@ PA_AVX2_INLINE __m256 pa_exp8(__m256 x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.33f));
     __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256 y;
+    PA_EXP_POLY(_mm256, fx, x, y);
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
     y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
     return _mm256_and_ps(y, keep);

@@ -1,17 +1,27 @@
 /* One work item of the paged-attention kernel: a block of query rows of one
  * sequence, for a run of KV heads, over a range of KV tokens.
  *
- * Included twice by pagedcy_attention.h (no include guard): once with the
- * scalar helpers and once with the AVX2 ones, so both paths share every line
- * of the bookkeeping (visibility, page walk, finalisation) and can only differ
- * in floating-point rounding.  Expects PA_SFX(name), PA_FN_ATTR, PA_SIMD (0 scalar,
- * 1 AVX2, 2 AVX-512) and, when PA_SIMD, the micro-kernels PA_QK4 / PA_PV4 /
- * PA_SOFTMAX4 (decode) and PA_QK12 / PA_PV12 (prefill).
+ * Included once per instruction set by pagedcy_attention.h (no include
+ * guard), so every path shares every line of the bookkeeping (visibility,
+ * page walk, finalisation) and they can only differ in floating-point
+ * rounding.  Expects PA_ISA (scalar, avx2, avx512: the suffix of the
+ * micro-kernels and of the function defined here), PA_FN_ATTR and PA_SIMD
+ * (0, 1, 2); #undefs them at the end.
  *
  * Query vectors of the item are numbered v = row * G + head_in_group and
  * padded to a multiple of 4 (the micro-kernels' M block); pad rows are zero
  * and never active, so they cost a little compute and nothing else.
  */
+
+#define PA_CAT2(a, b) a##b
+#define PA_CAT(a, b) PA_CAT2(a, b)
+#define PA_SFX(name) PA_CAT(name##_, PA_ISA)
+/* the micro-kernels of this instruction set (decode, then prefill) */
+#define PA_QK4 PA_SFX(pa_qk4)
+#define PA_PV4 PA_SFX(pa_pv4)
+#define PA_SOFTMAX4 PA_SFX(pa_softmax4)
+#define PA_QK12 PA_SFX(pa_qk12)
+#define PA_PV12 PA_SFX(pa_pv12)
 
 PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const pagedcy_attn_item *it,
                                            float *ws, float *part_o, float *part_lse) {
@@ -312,3 +322,15 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
         }
     }
 }
+
+#undef PA_QK4
+#undef PA_PV4
+#undef PA_SOFTMAX4
+#undef PA_QK12
+#undef PA_PV12
+#undef PA_SFX
+#undef PA_CAT
+#undef PA_CAT2
+#undef PA_ISA
+#undef PA_FN_ATTR
+#undef PA_SIMD
