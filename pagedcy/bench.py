@@ -131,7 +131,7 @@ def torch_case(q, pages, bt, lens, dtype, causal, threads):
     return run
 
 
-_INPUTS = {}
+_INPUTS: dict[tuple[int, int, int], dict[str, tuple]] = {}
 
 
 def case_inputs(batch, kv_len, dtype, q_len, seed):
