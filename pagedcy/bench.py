@@ -172,10 +172,12 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_sim
     return row
 
 
-def time_interleaved(rows, repeats, min_seconds):
+def time_interleaved(rows, repeats, min_seconds, bw=None, bw_bytes=0):
     """Run every row's case once per round, round after round (at least `repeats`
     rounds and `min_seconds`), and keep each case's best time: a noisy
-    neighbour then hits all cases alike instead of whichever ran during it."""
+    neighbour then hits all cases alike instead of whichever ran during it.
+    With `bw` ({threads: GB/s}), each round also measures the read bandwidth
+    and `bw` keeps the best, so the yardstick gets the same treatment."""
     t_end = time.perf_counter() + min_seconds
     rounds = 0
     while rounds < repeats or time.perf_counter() < t_end:
@@ -185,6 +187,8 @@ def time_interleaved(rows, repeats, min_seconds):
             t0 = time.perf_counter()
             r["run"]()
             r["times"].append(time.perf_counter() - t0)
+        for k in (bw or {}):
+            bw[k] = max(bw[k], read_bandwidth(bw_bytes, num_threads=k, repeats=1))
     return rounds
 
 
@@ -256,10 +260,10 @@ def format_table(rows, bw, bw_start=None):
         xt = f"{r['torch']:.1f}x" if r["torch"] is not None else ("n/a" if r.get("ran_baselines") else "-")
         lines.append(f"{r['case']:<34}{r['threads']:>4}{r['ms']:>10.2f}{rate:>16}{pct:>9}{xn:>9}{xt:>9}")
     lines.append("")
-    lines.append("read bandwidth (read_bandwidth, same run, best of before/after the kernels): "
+    lines.append("read bandwidth (read_bandwidth, same run, best of the start and every round): "
                  + ", ".join(f"{k} thread{'s' if k > 1 else ''} {v:.1f} GB/s" for k, v in sorted(bw.items())))
     if bw_start is not None:
-        lines.append("  (before the kernels: "
+        lines.append("  (at the start: "
                      + ", ".join(f"{k} thr {v:.1f} GB/s" for k, v in sorted(bw_start.items())) + ")")
     return "\n".join(lines)
 
@@ -307,14 +311,8 @@ def main(argv=None):
     rows = [bench_case(name, kind, b, l, dt, th, seeds.setdefault((b, l, ql), 1000 + len(seeds)),
                        q_len=ql, max_simd=ms)
             for name, kind, b, l, dt, th, ql, ms in specs]
-    rounds = time_interleaved(rows, rep, secs)
-    # Measure the yardstick again after the kernels and keep the better value
-    # per thread count, so a neighbour's load at the start cannot inflate the
-    # "% of bandwidth" figures.
-    _progress("measuring read bandwidth again ...")
     bw_start = dict(bw)
-    for k in list(bw):
-        bw[k] = max(bw[k], read_bandwidth(bw_bytes, num_threads=k, repeats=rep))
+    rounds = time_interleaved(rows, rep, secs, bw, bw_bytes)
     for row in rows:
         finish_row(row, bw)
         del row["run"]
