@@ -172,7 +172,7 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_sim
     return row
 
 
-def time_interleaved(rows, repeats, min_seconds, bw=None, bw_bytes=0):
+def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None):
     """Run every row's case once per round, round after round (at least `repeats`
     rounds and `min_seconds`), and keep each case's best time: a noisy
     neighbour then hits all cases alike instead of whichever ran during it.
@@ -188,7 +188,7 @@ def time_interleaved(rows, repeats, min_seconds, bw=None, bw_bytes=0):
             r["run"]()
             r["times"].append(time.perf_counter() - t0)
         for k in (bw or {}):
-            bw[k] = max(bw[k], read_bandwidth(bw_bytes, num_threads=k, repeats=1))
+            bw[k] = max(bw[k], read_bandwidth(num_threads=k, repeats=1, buffer=bw_buf))
     return rounds
 
 
@@ -287,9 +287,10 @@ def main(argv=None):
     else:
         dec_b, dec_l, long_l, pre_l, bw_bytes = 32, 2048, 32768, 1024, 512 * 2**20
     _progress("measuring read bandwidth ...")
-    bw = {nt: read_bandwidth(bw_bytes, num_threads=nt, repeats=rep)}
+    bw_buf = np.ones(bw_bytes // 4, dtype=np.float32)
+    bw = {nt: read_bandwidth(num_threads=nt, repeats=rep, buffer=bw_buf)}
     if nt != 1:
-        bw[1] = read_bandwidth(bw_bytes, num_threads=1, repeats=rep)
+        bw[1] = read_bandwidth(num_threads=1, repeats=rep, buffer=bw_buf)
     base = not args.no_baselines
     dec = f"decode {dec_b}x{dec_l}"
     specs = [
@@ -312,7 +313,8 @@ def main(argv=None):
                        q_len=ql, max_simd=ms)
             for name, kind, b, l, dt, th, ql, ms in specs]
     bw_start = dict(bw)
-    rounds = time_interleaved(rows, rep, secs, bw, bw_bytes)
+    rounds = time_interleaved(rows, rep, secs, bw, bw_buf)
+    del bw_buf
     for row in rows:
         finish_row(row, bw)
         del row["run"]

@@ -318,6 +318,16 @@ def test_read_bandwidth():
         read_bandwidth(nbytes=10)
     with pytest.raises(ValueError):
         read_bandwidth(repeats=0)
+    ones = np.ones(4096, np.float32)
+    assert read_bandwidth(num_threads=2, repeats=1, buffer=ones) > 0.1
+    with pytest.raises(TypeError):
+        read_bandwidth(buffer=ones.astype(np.float64))
+    with pytest.raises(ValueError):
+        read_bandwidth(buffer=ones[::2])
+    with pytest.raises(ValueError):
+        read_bandwidth(buffer=ones[:100])
+    with pytest.raises(RuntimeError):                  # the checksum sees a buffer not all ones
+        read_bandwidth(buffer=np.zeros(4096, np.float32))
 
 
 # --- validation -------------------------------------------------------------------
