@@ -44,6 +44,12 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
 #if PA_SIMD
     /* the AVX-512 decode kernels widen bf16 in order; only AVX2's permute */
     const int perm = PA_SIMD == 1 && P->dtype == PAGEDCY_BF16 && D % 16 == 0 && !packed && !(P->flags & 64);
+    /* fp32 token rows are 4 KiB runs that the hardware prefetcher follows by
+     * itself: software prefetch in the decode kernels only cost time there
+     * (measured 14-17% slower with the AVX-512 kernels, 3% with AVX2), so
+     * it is off for fp32 unless flag 32. */
+    const int f32_hw_pf = P->dtype == PAGEDCY_F32 && !(P->flags & 32);
+    (void)f32_hw_pf;                 /* unused by the scalar path */
 #else
     (void)packed;
 #endif
@@ -224,10 +230,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                  * keeps the walk sequential for the hardware prefetcher too. */
                 pa_pfcur cK, cV;
                 int use_pf = 0;
-                /* fp32 rows are 4 KiB-long runs that the hardware streamer
-                 * follows by itself: software prefetch only cost time there
-                 * (measured 14-17% slower decode), so it is off unless flag 32. */
-                const char *pf_page = P->dtype == PAGEDCY_F32 && !(P->flags & 32) ? NULL : next_page;
+                const char *pf_page = f32_hw_pf ? NULL : next_page;
                 if (pf_page && !(P->flags & 16)) {
                     const int r0 = gi * 2 * T / ng, r1 = (gi + 1) * 2 * T / ng, rm = (r0 + r1) / 2;
                     const char *base = pf_page + (int64_t)it->g0 * D * es;
@@ -243,7 +246,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                                 W.S + (int64_t)b4 * 4 * Sld, first && use_pf ? &cK : NULL, P->flags, kdt);
 #elif PA_SIMD
                     PA_QK4(qg + (int64_t)b4 * 4 * D, D, Ks, kst, W.blo[b4] & ~1, W.bhi[b4],
-                                W.S + (int64_t)b4 * 4 * Sld, Sld, first ? pfK : NULL, row_bytes, P->flags, kdt);
+                                W.S + (int64_t)b4 * 4 * Sld, Sld, first && !f32_hw_pf ? pfK : NULL, row_bytes, P->flags, kdt);
 #else
                     pa_qk4_scalar(qg + (int64_t)b4 * 4 * D, D, Kf, kst, W.blo[b4], W.bhi[b4],
                                   W.S + (int64_t)b4 * 4 * Sld, Sld);
@@ -281,7 +284,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                                 Vs, kst, W.blo[b4] & ~1, W.bhi[b4], first && use_pf ? &cV : NULL, P->flags, kdt);
 #elif PA_SIMD
                     PA_PV4(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld, Sld,
-                                Vs, kst, W.blo[b4] & ~1, W.bhi[b4], first ? pfV : NULL,
+                                Vs, kst, W.blo[b4] & ~1, W.bhi[b4], first && !f32_hw_pf ? pfV : NULL,
                                 row_bytes, T, P->flags, kdt);
 #else
                     pa_pv4_scalar(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld,
