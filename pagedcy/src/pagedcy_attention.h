@@ -45,8 +45,7 @@ typedef struct {
      * instead of L2, 2 prefetch the next head's slice instead of the next
      * page's, 4 no K/V packing, 64 no permuted bf16 loads, 8 plain largest-first item order, 16 no
      * prefetch, 128/256/512 prefill items of 128/32/256 query vectors, 1024 no
-     * 3-token score kernel, 32 software prefetch for fp32 in the AVX2 decode
-     * kernels (off by default there). */
+     * 3-token score kernel. */
     int32_t flags;
 } pagedcy_attn_params;
 

@@ -18,6 +18,47 @@
 #define PA_PF(p) do { if (flags & 1) _mm_prefetch((p), _MM_HINT_T0); else _mm_prefetch((p), _MM_HINT_T1); } while (0)
 #define PA_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
+/* Prefetch cursor over rows [row0, row1) of `len` bytes, `stride` apart:
+ * the next page's K and V rows of the item's heads. The kernels issue its
+ * lines a few per step of their inner loops, so misses stay in flight all
+ * the time instead of in bursts that fill the line-fill buffers and stall.
+ * When the item covers every KV head the rows abut and the cursor is one
+ * contiguous span (p -> end); otherwise it hops row by row. */
+typedef struct {
+    const char *p, *row_end, *end;
+    int64_t stride, len;
+} pa_pfcur;
+
+static inline void pa_pf_init(pa_pfcur *c, const char *base, int64_t stride, int64_t len, int row0, int row1) {
+    c->stride = stride;
+    c->len = len;
+    c->p = base + (int64_t)row0 * stride;
+    if (row0 >= row1) { c->row_end = c->end = c->p; return; }
+    if (len >= stride) c->row_end = c->end = base + (int64_t)row1 * stride;
+    else { c->row_end = c->p + len; c->end = base + (int64_t)(row1 - 1) * stride + len; }
+}
+
+static inline int pa_pf_lines_left(const pa_pfcur *c) {
+    if (!c || c->p >= c->end) return 0;
+    int64_t n = (c->row_end - c->p + 63) / 64;
+    if (c->end > c->row_end) n += (c->end - c->row_end) / c->stride * ((c->len + 63) / 64);
+    return (int)n;
+}
+
+static inline void pa_pf_step(pa_pfcur *c, int n, int flags) {
+    while (n > 0 && c->p < c->end) {
+        int k = (int)((c->row_end - c->p + 63) >> 6);
+        if (k > n) k = n;
+        for (int i = 0; i < k; i++) PA_PF(c->p + 64 * i);
+        c->p += 64 * (int64_t)k;
+        n -= k;
+        if (c->p >= c->row_end && c->row_end < c->end) {
+            c->row_end += c->stride;
+            c->p = c->row_end - c->len;
+        }
+    }
+}
+
 /* Eight storage-dtype values -> 8 floats. `dtype` is a literal at every call
  * site after inlining, so the branch folds away. */
 PA_AVX2_INLINE __m256 pa_ld8(const void *base, int64_t idx, int dtype) {
@@ -203,8 +244,10 @@ PA_AVX2_INLINE void pa_qk4_tri(const float *q, int D, const char *kb0, const cha
 
 PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
                              int tlo, int thi, float *S, int Sld,
-                             const char *pf, int64_t pf_row_bytes, int flags, int dtype) {
+                             pa_pfcur *pf, int flags, int dtype) {
     const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2;
+    /* prefetch lines per token pair */
+    const int per_pair = pf ? (pa_pf_lines_left(pf) + (thi - tlo + 1) / 2 - 1) / ((thi - tlo + 1) / 2) : 0;
     int t = tlo;
     if (dtype != PA_BF16P && !(flags & 1024)) {
         /* six tokens = pairs (t, t+1), (t+2, t+3), (t+4, t+5) from two
@@ -212,11 +255,7 @@ PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
         for (; t + 6 <= thi; t += 6) {
             const char *kb = (const char *)K + (int64_t)t * ks * es;
             const int64_t rs = ks * es;
-            if (pf) {
-                const char *r0 = pf + (int64_t)t * rs;
-                for (int i = 0; i < 6; i++)
-                    for (int64_t b = 0; b < pf_row_bytes; b += 64) PA_PF(r0 + i * rs + b);
-            }
+            if (pf) pa_pf_step(pf, 3 * per_pair, flags);
             __m256 p0, p2;
             __m128 s2, s3;
             pa_qk4_tri(q, D, kb, kb + rs, kb + 2 * rs, dtype, &p0, &s2);
@@ -231,16 +270,11 @@ PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
     for (; t < thi; t += 2) {
         int two = t + 1 < thi;
         int64_t o0 = (int64_t)t * ks, o1 = two ? o0 + ks : o0;
-        if (pf) {
-            const char *r0 = pf + o0 * es, *r1 = pf + (o0 + ks) * es;
-            for (int64_t b = 0; b < pf_row_bytes; b += 64) {
-                PA_PF(r0 + b);
-                if (two) PA_PF(r1 + b);
-            }
-        }
+        if (pf) pa_pf_step(pf, per_pair, flags);
         _mm256_storeu_ps(S + (t >> 1) * 8,
                          pa_qk4_pair(q, D, (const char *)K + o0 * es, (const char *)K + o1 * es, dtype));
     }
+    if (pf) pa_pf_step(pf, pa_pf_lines_left(pf), flags);
     (void)Sld;
 }
 
@@ -250,21 +284,16 @@ PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
  * load is shared by the 4 rows. */
 PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P, int Sld,
                              const void *V, int64_t vs, int tlo, int thi,
-                             const char *pf, int64_t pf_row_bytes, int pf_rows, int flags, int dtype) {
+                             pa_pfcur *pf, int flags, int dtype) {
     (void)Sld;
     float *O0 = O, *O1 = O + D, *O2 = O + 2 * D, *O3 = O + 3 * D;
     __m256 al0 = _mm256_set1_ps(alpha[0]), al1 = _mm256_set1_ps(alpha[1]);
     __m256 al2 = _mm256_set1_ps(alpha[2]), al3 = _mm256_set1_ps(alpha[3]);
-    const int64_t pf_stride = vs * (dtype == PAGEDCY_F32 ? 4 : 2);
-    int pfr = 0;
+    /* prefetch lines per 16-float chunk of the output */
+    const int per_chunk = pf ? (pa_pf_lines_left(pf) + D / 16 - 1) / (D / 16 > 0 ? D / 16 : 1) : 0;
     int d = 0;
     for (; d + 16 <= D; d += 16) {
-        if (pf) {
-            /* spread the next slice's prefetches over the d-chunks */
-            int end = pf_rows * (d + 16) / D;
-            for (; pfr < end; pfr++)
-                for (int64_t b = 0; b < pf_row_bytes; b += 64) PA_PF(pf + pfr * pf_stride + b);
-        }
+        if (pf) pa_pf_step(pf, per_chunk, flags);
         __m256 c00 = _mm256_mul_ps(_mm256_loadu_ps(O0 + d), al0), c01 = _mm256_mul_ps(_mm256_loadu_ps(O0 + d + 8), al0);
         __m256 c10 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d), al1), c11 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d + 8), al1);
         __m256 c20 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d), al2), c21 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d + 8), al2);
@@ -291,9 +320,7 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
         _mm256_storeu_ps(O2 + d, c20); _mm256_storeu_ps(O2 + d + 8, c21);
         _mm256_storeu_ps(O3 + d, c30); _mm256_storeu_ps(O3 + d + 8, c31);
     }
-    if (pf)
-        for (; pfr < pf_rows; pfr++)
-            for (int64_t b = 0; b < pf_row_bytes; b += 64) PA_PF(pf + pfr * pf_stride + b);
+    if (pf) pa_pf_step(pf, pa_pf_lines_left(pf), flags);
     if (d < D) {   /* D % 16 == 8 */
         __m256 c0 = _mm256_mul_ps(_mm256_loadu_ps(O0 + d), al0);
         __m256 c1 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d), al1);
@@ -313,20 +340,20 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
 }
 
 PA_AVX2 static void pa_qk4_avx2(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,
-                                float *S, int Sld, const char *pf, int64_t pf_row_bytes, int flags, int dtype) {
-    if (dtype == PAGEDCY_F32) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_F32);
-    else if (dtype == PAGEDCY_F16) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_F16);
-    else if (dtype == PAGEDCY_BF16) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PAGEDCY_BF16);
-    else pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, pf_row_bytes, flags, PA_BF16P);
+                                float *S, int Sld, pa_pfcur *pf, int flags, int dtype) {
+    if (dtype == PAGEDCY_F32) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, flags, PAGEDCY_F32);
+    else if (dtype == PAGEDCY_F16) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, flags, PAGEDCY_F16);
+    else if (dtype == PAGEDCY_BF16) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, flags, PAGEDCY_BF16);
+    else pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, flags, PA_BF16P);
 }
 
 PA_AVX2 static void pa_pv4_avx2(float *O, int D, const float *alpha, const float *P, int Sld,
                                 const void *V, int64_t vs, int tlo, int thi,
-                                const char *pf, int64_t pf_row_bytes, int pf_rows, int flags, int dtype) {
-    if (dtype == PAGEDCY_F32) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_F32);
-    else if (dtype == PAGEDCY_F16) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_F16);
-    else if (dtype == PAGEDCY_BF16) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PAGEDCY_BF16);
-    else pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, pf_row_bytes, pf_rows, flags, PA_BF16P);
+                                pa_pfcur *pf, int flags, int dtype) {
+    if (dtype == PAGEDCY_F32) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, flags, PAGEDCY_F32);
+    else if (dtype == PAGEDCY_F16) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, flags, PAGEDCY_F16);
+    else if (dtype == PAGEDCY_BF16) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, flags, PAGEDCY_BF16);
+    else pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, flags, PA_BF16P);
 }
 
 /* Reduce four 8-float vectors to one 4-float vector of their maxima / sums. */

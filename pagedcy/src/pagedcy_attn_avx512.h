@@ -52,47 +52,6 @@ PA_AVX512_INLINE __m256 pa_fold16(__m512 x) {
     return _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
 }
 
-/* Prefetch cursor over rows [row0, row1) of `len` bytes, `stride` apart:
- * the next page's K and V rows of the item's heads. The kernels issue its
- * lines a few per step of their inner loops, so misses stay in flight all
- * the time instead of in bursts that fill the line-fill buffers and stall.
- * When the item covers every KV head the rows abut and the cursor is one
- * contiguous span (p -> end); otherwise it hops row by row. */
-typedef struct {
-    const char *p, *row_end, *end;
-    int64_t stride, len;
-} pa_pfcur;
-
-static inline void pa_pf_init(pa_pfcur *c, const char *base, int64_t stride, int64_t len, int row0, int row1) {
-    c->stride = stride;
-    c->len = len;
-    c->p = base + (int64_t)row0 * stride;
-    if (row0 >= row1) { c->row_end = c->end = c->p; return; }
-    if (len >= stride) c->row_end = c->end = base + (int64_t)row1 * stride;
-    else { c->row_end = c->p + len; c->end = base + (int64_t)(row1 - 1) * stride + len; }
-}
-
-static inline int pa_pf_lines_left(const pa_pfcur *c) {
-    if (!c || c->p >= c->end) return 0;
-    int64_t n = (c->row_end - c->p + 63) / 64;
-    if (c->end > c->row_end) n += (c->end - c->row_end) / c->stride * ((c->len + 63) / 64);
-    return (int)n;
-}
-
-PA_AVX512_INLINE void pa_pf_step(pa_pfcur *c, int n, int flags) {
-    while (n > 0 && c->p < c->end) {
-        int k = (int)((c->row_end - c->p + 63) >> 6);
-        if (k > n) k = n;
-        for (int i = 0; i < k; i++) PA_PF(c->p + 64 * i);
-        c->p += 64 * (int64_t)k;
-        n -= k;
-        if (c->p >= c->row_end && c->row_end < c->end) {
-            c->row_end += c->stride;
-            c->p = c->row_end - c->len;
-        }
-    }
-}
-
 /* Scores of 4 query rows (stride D) against 4 tokens: the two pair vectors
  * of tokens (t, t+1) and (t+2, t+3), stored as 16 consecutive floats at o. */
 PA_AVX512_INLINE void pa_qk4x4_z(const float *q, int D, const char *kb, int64_t rs, float *o,

@@ -44,11 +44,6 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
 #if PA_SIMD
     /* the AVX-512 decode kernels widen bf16 in order; only AVX2's permute */
     const int perm = PA_SIMD == 1 && P->dtype == PAGEDCY_BF16 && D % 16 == 0 && !packed && !(P->flags & 64);
-    /* AVX2 decode kernels: their whole-slice software prefetch cost fp32 3%
-     * (its 4 KiB token rows are runs the hardware prefetcher follows by
-     * itself), so it is off for fp32 unless flag 32. */
-    const int f32_hw_pf = P->dtype == PAGEDCY_F32 && !(P->flags & 32);
-    (void)f32_hw_pf;                 /* unused by the scalar path */
 #else
     (void)packed;
 #endif
@@ -221,7 +216,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 (void)pfK; (void)pfV;       /* the scalar path does not prefetch */
 #endif
                 int first = 1;
-#if PA_SIMD == 2
+#if PA_SIMD
                 /* This head's share of the next page's rows (K rows then V
                  * rows, 2T in all), in address order, spread over the heads:
                  * only the first KiB of each row (the item's heads), which
@@ -247,7 +242,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                                 W.S + (int64_t)b4 * 4 * Sld, first && use_pf ? &cK : NULL, P->flags, kdt);
 #elif PA_SIMD
                     PA_QK4(qg + (int64_t)b4 * 4 * D, D, Ks, kst, W.blo[b4] & ~1, W.bhi[b4],
-                                W.S + (int64_t)b4 * 4 * Sld, Sld, first && !f32_hw_pf ? pfK : NULL, row_bytes, P->flags, kdt);
+                                W.S + (int64_t)b4 * 4 * Sld, Sld, first && use_pf ? &cK : NULL, P->flags, kdt);
 #else
                     pa_qk4_scalar(qg + (int64_t)b4 * 4 * D, D, Kf, kst, W.blo[b4], W.bhi[b4],
                                   W.S + (int64_t)b4 * 4 * Sld, Sld);
@@ -285,8 +280,8 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                                 Vs, kst, W.blo[b4] & ~1, W.bhi[b4], first && use_pf ? &cV : NULL, P->flags, kdt);
 #elif PA_SIMD
                     PA_PV4(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld, Sld,
-                                Vs, kst, W.blo[b4] & ~1, W.bhi[b4], first && !f32_hw_pf ? pfV : NULL,
-                                row_bytes, T, P->flags, kdt);
+                                Vs, kst, W.blo[b4] & ~1, W.bhi[b4], first && use_pf ? &cV : NULL,
+                                P->flags, kdt);
 #else
                     pa_pv4_scalar(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld,
                                   Sld, Vf, kst, W.blo[b4], W.bhi[b4]);
