@@ -258,14 +258,17 @@ PA_AVX512 static void pa_pv12_avx512(float *O, int D, const float *alpha, const 
 }
 
 PA_AVX512 static void pa_qk4_avx512(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,
-                                    float *S, pa_pfcur *pf, int flags, int dtype) {
+                                    float *S, int Sld, pa_pfcur *pf, int flags, int dtype) {
+    (void)Sld;                       /* same signature as pa_qk4_avx2 */
     if (dtype == PAGEDCY_F32) pa_qk4_z(q, D, K, ks, tlo, thi, S, pf, flags, PAGEDCY_F32);
     else if (dtype == PAGEDCY_F16) pa_qk4_z(q, D, K, ks, tlo, thi, S, pf, flags, PAGEDCY_F16);
     else pa_qk4_z(q, D, K, ks, tlo, thi, S, pf, flags, PAGEDCY_BF16);
 }
 
-PA_AVX512 static void pa_pv4_avx512(float *O, int D, const float *alpha, const float *P, const void *V,
-                                    int64_t vs, int tlo, int thi, pa_pfcur *pf, int flags, int dtype) {
+PA_AVX512 static void pa_pv4_avx512(float *O, int D, const float *alpha, const float *P, int Sld,
+                                    const void *V, int64_t vs, int tlo, int thi, pa_pfcur *pf, int flags,
+                                    int dtype) {
+    (void)Sld;                       /* same signature as pa_pv4_avx2 */
     if (dtype == PAGEDCY_F32) pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, PAGEDCY_F32);
     else if (dtype == PAGEDCY_F16) pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, PAGEDCY_F16);
     else pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, PAGEDCY_BF16);

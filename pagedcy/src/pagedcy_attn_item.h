@@ -237,10 +237,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
 #endif
                 for (int b4 = 0; b4 < nblk; b4++) {
                     if (W.blo[b4] >= W.bhi[b4]) continue;
-#if PA_SIMD == 2
-                    PA_QK4(qg + (int64_t)b4 * 4 * D, D, Ks, kst, W.blo[b4] & ~1, W.bhi[b4],
-                                W.S + (int64_t)b4 * 4 * Sld, first && use_pf ? &cK : NULL, P->flags, kdt);
-#elif PA_SIMD
+#if PA_SIMD
                     PA_QK4(qg + (int64_t)b4 * 4 * D, D, Ks, kst, W.blo[b4] & ~1, W.bhi[b4],
                                 W.S + (int64_t)b4 * 4 * Sld, Sld, first && use_pf ? &cK : NULL, P->flags, kdt);
 #else
@@ -275,10 +272,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                                                            slope, pos0, mg + v, lg + v);
                     }
 #endif
-#if PA_SIMD == 2
-                    PA_PV4(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld,
-                                Vs, kst, W.blo[b4] & ~1, W.bhi[b4], first && use_pf ? &cV : NULL, P->flags, kdt);
-#elif PA_SIMD
+#if PA_SIMD
                     PA_PV4(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, W.S + (int64_t)b4 * 4 * Sld, Sld,
                                 Vs, kst, W.blo[b4] & ~1, W.bhi[b4], first && use_pf ? &cV : NULL,
                                 P->flags, kdt);
