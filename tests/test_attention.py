@@ -319,7 +319,9 @@ def test_read_bandwidth():
     with pytest.raises(ValueError):
         read_bandwidth(repeats=0)
     ones = np.ones(4096, np.float32)
-    assert read_bandwidth(num_threads=2, repeats=1, buffer=ones) > 0.1
+    # a tiny buffer only exercises the path: its GB/s is all fork/join noise
+    bw = read_bandwidth(num_threads=2, repeats=1, buffer=ones)
+    assert np.isfinite(bw) and bw > 0
     with pytest.raises(TypeError):
         read_bandwidth(buffer=ones.astype(np.float64))
     with pytest.raises(ValueError):
