@@ -178,9 +178,9 @@ PA_AVX2_INLINE __m256 pa_tanh8(__m256 x) {
  * (one 32-byte store per token pair; scattering it into per-row arrays made
  * the softmax's vector loads wait on failed store forwarding). A token past
  * thi in the last pair is computed from a duplicate of the previous row, so
- * nothing beyond the slice is read. pf, when not NULL, is the K slice of the
- * next page; its rows are prefetched alongside so the page walk's random
- * jumps do not stall on DRAM latency. */
+ * nothing beyond the slice is read. pf, when not NULL, is a prefetch cursor
+ * over the next page (pa_pfcur); its lines are issued a few per token pair
+ * so the page walk's random jumps do not stall on DRAM latency. */
 /* q_r . k_t for 4 packed query rows (stride D) and two K rows given by
  * their base pointers, returned as [r0t0, r0t1, r1t0, r1t1, ...]. Row base
  * pointers + one shared index keep address arithmetic out of the loop. */
