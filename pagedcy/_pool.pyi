@@ -4,6 +4,12 @@ from typing import Any, Optional
 import numpy as np
 import numpy.typing as npt
 
+PAGE_ALIGN: int
+
+def aligned_zeros(nbytes: int) -> npt.NDArray[np.uint8]:
+    """Zero-filled uint8 array of nbytes bytes starting on a 4 KiB boundary."""
+    ...
+
 @disjoint_base
 class PagePool:
     """Fixed-size slab of KV pages with a LIFO free list and per-page reference counts."""

@@ -19,6 +19,7 @@ import numpy as np
 from pagedcy._attention import batch_paged_attention, simd_level
 from pagedcy._threads import simd_path
 from pagedcy._bandwidth import read_bandwidth
+from pagedcy._pool import aligned_zeros
 
 H, HKV, D, T = 32, 8, 128, 16
 
@@ -53,13 +54,19 @@ def _from_storage(x, dtype):
     return x.astype(np.float32, copy=False)
 
 
+def page_array(shape, dtype):
+    """Uninitialised page storage of ``shape`` for ``dtype``, allocated as a
+    PagePool's buffer is (4 KiB aligned), so the kernel sees the layout users get."""
+    sdt = np.dtype(np.float32 if dtype == "float32" else (np.float16 if dtype == "float16" else np.uint16))
+    return aligned_zeros(math.prod(shape) * sdt.itemsize).view(sdt).reshape(shape)
+
+
 def make_decode(batch, kv_len, dtype, rng, q_len=1, page_size=T):
     """Random case: ``(query, qo_indptr, pages, block_tables, kv_lens)``; pages of one layer
     in random order, ``q_len`` query rows per sequence (the last ``q_len`` positions)."""
     npg = -(-kv_len // page_size)
     total = batch * npg
-    pages = np.empty((total, 1, 2, page_size, HKV, D), dtype=np.float32 if dtype == "float32" else
-                     (np.float16 if dtype == "float16" else np.uint16))
+    pages = page_array((total, 1, 2, page_size, HKV, D), dtype)
     for i in range(0, total, 256):         # fill in slabs: no 2x peak memory
         pages[i:i + 256] = _to_storage(rng.standard_normal(
             (min(256, total - i), 1, 2, page_size, HKV, D), dtype=np.float32), dtype)
@@ -145,7 +152,7 @@ def case_inputs(batch, kv_len, dtype, q_len, seed):
     by_dtype = _INPUTS[key]
     if dtype not in by_dtype:
         q, indptr, p32, bt, lens = by_dtype["float32"]
-        pages = np.empty(p32.shape, np.float16 if dtype == "float16" else np.uint16)
+        pages = page_array(p32.shape, dtype)
         for i in range(0, p32.shape[0], 256):
             pages[i:i + 256] = _to_storage(p32[i:i + 256], dtype)
         by_dtype[dtype] = (q, indptr, pages, bt, lens)

@@ -4,6 +4,8 @@ import math
 
 import numpy as np
 
+from pagedcy._pool import aligned_zeros
+
 
 def bf16_round(x):
     """float32 -> (bf16 bits as uint16, the float32 values they represent)."""
@@ -16,9 +18,12 @@ def bf16_round(x):
 
 
 def make_batch(rng, *, q_lens, kv_lens, num_heads, num_kv_heads, head_dim, page_size,
-               num_layers=2, layer=1, dtype="float32", extra_pages=3, pad_cols=2):
+               num_layers=2, layer=1, dtype="float32", extra_pages=3, pad_cols=2, aligned=None):
     """Random paged batch. Unused page slots and unused block-table entries
     hold NaN / -1 so any read past a sequence's end shows up in the output.
+    ``aligned``: pages start on a 4 KiB boundary as a pool's do (the kernel
+    prefetches by 4 KiB page then) or 16 bytes past one, as plain NumPy
+    arrays often do; None draws one of the two from ``rng``.
 
     Returns (query, qo_indptr, kv_pages, block_tables, kv_lens, K, V) where K/V
     are per-sequence float64 [kv_len, Hkv, D] arrays of the values as stored.
@@ -58,6 +63,14 @@ def make_batch(rng, *, q_lens, kv_lens, num_heads, num_kv_heads, head_dim, page_
         pages = bits
         Ks = [bf16_round(k)[1] for k in Ks]
         Vs = [bf16_round(v)[1] for v in Vs]
+    if aligned is None:
+        aligned = bool(rng.integers(2))
+    # a copy at a chosen distance past a 4 KiB boundary: 0, or 16 (not even 64-byte aligned)
+    off = 0 if aligned else 16
+    raw = aligned_zeros(pages.nbytes + off)
+    view = raw[off:].view(pages.dtype).reshape(pages.shape)
+    view[...] = pages
+    pages = view
     total_q = sum(q_lens)
     q = rng.standard_normal((total_q, num_heads, head_dim)).astype(np.float32)
     indptr = np.zeros(B + 1, dtype=np.int32)

@@ -446,3 +446,25 @@ def test_simd_flag_is_bool():
     assert isinstance(simd_enabled(), bool)
     assert simd_level() in (0, 1, 2)
     assert simd_enabled() == (simd_level() > 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("aligned", [True, False])
+@pytest.mark.parametrize("Hkv, D", [(2, 64), (2, 80), (4, 128)])
+def test_prefetch_pattern_never_changes_results(dtype, aligned, Hkv, D):
+    # The kernel prefetches the next page by 4 KiB page (aligned pools, items with
+    # every KV head -- one thread here -- and K/V blocks of 2*16*Hkv*D*itemsize a
+    # multiple of 4 KiB), by row (otherwise, or with private flag 32) or not at all
+    # (flag 16): prefetches never touch the numbers, so all three give the same
+    # bits, and the reference agrees.
+    rng = np.random.default_rng(Hkv * 1000 + D)
+    q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=[1, 1, 3, 1], kv_lens=[70, 33, 97, 16],
+                                             num_heads=4 * Hkv, num_kv_heads=Hkv, head_dim=D,
+                                             page_size=16, dtype=dtype, aligned=aligned)
+    assert (pages.ctypes.data % 4096 == 0) == aligned
+    ro, _ = reference(q, ind, K, V)
+    for level, threads in [(lv, t) for lv in SIMD_LEVELS for t in (1, 2)]:
+        outs = [batch_paged_attention(q, ind, pages, 1, bt, kl, num_threads=threads,
+                                      _max_simd=level, _flags=fl) for fl in (0, 32, 16)]
+        assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+        np.testing.assert_allclose(outs[0], ro, rtol=TOL[dtype], atol=TOL[dtype])

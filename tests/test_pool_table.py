@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pagedcy import PagePool, PageTable
+from pagedcy._pool import PAGE_ALIGN, aligned_zeros
 
 DTYPES = ["float32", "float16", "bfloat16"]
 
@@ -166,7 +167,7 @@ POOL_ALIGN_BUG = (
     "reshape size 0) and every page write goes out of bounds of the heap block")
 
 
-def test_buffer_is_64_byte_aligned_and_sized():
+def test_buffer_is_4k_aligned_and_sized():
     # Many pools of many sizes: a fix-up that only works for some heap addresses must fail here.
     for dtype in DTYPES:
         for max_pages, fpp in [(1, 1), (3, 5), (4, 128), (7, 1000), (2, 4096 * 16)]:
@@ -174,11 +175,25 @@ def test_buffer_is_64_byte_aligned_and_sized():
                 pool = PagePool(max_pages, fpp, dtype=dtype)
                 arr = pool.as_array()
                 assert arr.shape == (max_pages, fpp)
-                assert arr.ctypes.data % 64 == 0
+                assert arr.ctypes.data % 4096 == 0 and PAGE_ALIGN == 4096
                 assert pool.nbytes == max_pages * fpp * pool.itemsize == arr.nbytes
                 assert pool.page_data(0).ctypes.data == arr.ctypes.data
                 assert pool.page_data(max_pages - 1).ctypes.data + pool.itemsize * fpp \
                     == arr.ctypes.data + arr.nbytes
+
+
+@pytest.mark.parametrize("nbytes", [1, 63, 4095, 4096, 4097, 3 * 2**20 + 5])
+def test_aligned_zeros(nbytes):
+    a = aligned_zeros(nbytes)
+    assert a.dtype == np.uint8 and a.shape == (nbytes,) and a.flags.c_contiguous and a.flags.writeable
+    assert a.ctypes.data % 4096 == 0
+    assert not a.any()
+
+
+@pytest.mark.parametrize("bad, exc", [(-1, ValueError), (1.5, TypeError), ("8", TypeError), (True, TypeError)])
+def test_aligned_zeros_rejects(bad, exc):
+    with pytest.raises(exc):
+        aligned_zeros(bad)
 
 
 def test_copy_page_copies_contents():
@@ -330,3 +345,13 @@ def test_clear_drops_mapping():
     assert table_state(t) == (0, 0, 0, [])
     t.push_page(3)
     assert t.resolve(0) == (3, 0)
+
+
+def test_cache_and_manager_pages_are_4k_aligned():
+    # One allocation path for every pool: the single-sequence cache and the manager
+    # hand the attention kernel 4 KiB-aligned page arrays.
+    from pagedcy import PagedKVCache, PagedKVCacheConfig, PagedKVCacheManager
+    for dtype in DTYPES:
+        cfg = PagedKVCacheConfig(16, 9, 2, 3, 40, dtype=dtype)
+        assert PagedKVCache(cfg).pages().ctypes.data % 4096 == 0
+        assert PagedKVCacheManager(cfg).store.pages().ctypes.data % 4096 == 0

@@ -44,8 +44,8 @@ typedef struct {
     /* Private tuning switches for A/B runs, 0 = defaults: 1 prefetch to L1
      * instead of L2, 2 prefetch the next head's slice instead of the next
      * page's, 4 no K/V packing, 64 no permuted bf16 loads, 8 plain largest-first item order, 16 no
-     * prefetch, 128/256/512 prefill items of 128/32/256 query vectors, 1024 no
-     * 3-token score kernel. */
+     * prefetch, 32 row-wise prefetch only (no 4 KiB-page stretches), 128/256/512
+     * prefill items of 128/32/256 query vectors, 1024 no 3-token score kernel. */
     int32_t flags;
 } pagedcy_attn_params;
 

@@ -9,14 +9,26 @@
  * reported AVX-512.
  *
  * Where fp16 decode time goes (development VM, 32 x 2048 tokens, 2
- * threads): ~9 ms of compute with every page in L2 (a conversion is two
+ * threads): ~8.4-9 ms of compute with every page in L2 (a conversion is two
  * FMA-port uops, so a token and KV head costs ~60 cycles) against ~6 ms to
- * stream its 268 MB; measured 10.5-11.5 ms. One core keeps only so many
+ * stream its 268 MB; measured 10-11 ms. One core keeps only so many
  * cache-line misses in flight: whole-row software prefetch ran into that
  * limit, no prefetch left the 256-byte head slices of 2 KiB rows to a
- * hardware prefetcher that does not follow them, prefetching the first KiB
- * of each row (pa_pfcur) did best. A token-major walk over all heads
- * (sequential K rows) and L1 prefetch of the next head's slice were slower.
+ * hardware prefetcher that does not follow them; prefetching the start of
+ * each 4 KiB page (pa_pfcur, set up in pagedcy_attn_item.h) did best. A
+ * token-major walk over all heads (sequential K rows), L1 prefetch of the
+ * next head's slice, extra lines past the first stretch and prefetching in
+ * bursts at each head's start were slower.
+ *
+ * Tried and dropped (prototype measured in L2, one thread, per token and KV
+ * head): AMX-BF16 for the fp16 scores. fp16 splits exactly into three bf16
+ * tiles with integer ops (hi = |h|>>3 with the sign, then the low mantissa
+ * bits over the hi exponent), and the scores came out right, but building
+ * the tiles alone cost 10 ns against 12-14 ns for this whole QK kernel, and
+ * the dependent tile multiplies added 15 ns more. vdpbf16ps costs about
+ * three FMA-port uops here, so it does not help either. Dropping the 16x16
+ * score reduction altogether (what a transposed K layout would buy) made
+ * fp16 decode only 4% faster.
  */
 #ifndef PAGEDCY_ATTN_AVX512_H
 #define PAGEDCY_ATTN_AVX512_H
