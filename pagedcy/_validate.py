@@ -49,6 +49,17 @@ def int_array(x, name):
     return arr
 
 
+def token_id_array(x, name):
+    """``x`` as a NumPy array of token ids: an integer dtype, or empty. An empty list
+    arrives as float64 and passes (lengths are checked by the caller); any other
+    non-integer dtype (float, complex, bool, str, object) is a TypeError, raised
+    before a cast could silently drop parts of it."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iu" and (arr.size or arr.dtype.kind != "f"):
+        raise TypeError(f"{name} must be integer token ids, got dtype {arr.dtype}")
+    return arr
+
+
 def float_array(x, name):
     """``x`` as a NumPy array of a real floating dtype (no copy when it already is one)."""
     arr = x if isinstance(x, np.ndarray) else np.asarray(x)

@@ -73,7 +73,7 @@ def token_embeddings(tokens, kv_dim):
     ties -- closer to Rust's ``f32::sin`` (libm sinf, < 1 ulp) than NumPy's float32 SIMD
     sine, whose error is a few ulp.
     """
-    t = np.asarray(tokens).reshape(-1).astype(np.float32) + np.float32(1.0)
+    t = _validate.token_id_array(tokens, "tokens").reshape(-1).astype(np.float32) + np.float32(1.0)
     i = np.arange(1, kv_dim + 1, dtype=np.float32)
     prod = t[:, None] * i[None, :]                       # float32 product, as in Rust
     return np.sin(prod.astype(np.float64)).astype(np.float32)
@@ -154,10 +154,7 @@ class PagedAttentionExecutor:
 
     @staticmethod
     def _ids(input_ids, name):
-        ids = np.asarray(input_ids)
-        if ids.size and ids.dtype.kind not in "iu":
-            raise TypeError(f"{name} must be integer token ids, got dtype {ids.dtype}")
-        ids = ids.astype(np.int64)
+        ids = _validate.token_id_array(input_ids, name).astype(np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= 2**32):
             raise ValueError(f"{name} must be token ids in [0, 2**32)")
         return ids

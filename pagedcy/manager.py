@@ -78,8 +78,8 @@ class AllocationRequest:
         self.request_id = request_id
         init = _validate.check_count(initial_tokens, "initial_tokens")
         if prompt_tokens is not None:
-            pt = np.asarray(prompt_tokens)
-            if pt.ndim != 1 or (pt.size and pt.dtype.kind not in "iu"):
+            pt = _validate.token_id_array(prompt_tokens, "prompt_tokens")
+            if pt.ndim != 1:
                 raise TypeError("prompt_tokens must be a 1-D integer sequence")
             if pt.size and pt.min() < 0:
                 raise ValueError("prompt_tokens must be non-negative")

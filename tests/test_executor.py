@@ -1,6 +1,7 @@
 """PagedAttentionExecutor: the seed executor's numbers (batch 1) against an independent
 float64 re-implementation of its math, batching, prefix-cached prefill, status/info."""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -77,6 +78,8 @@ def make(cfg=None, page_size=4, max_pages=64, **mgr_kw):
 
 # ---- tests ----------------------------------------------------------------------------
 def test_embedding_matches_rust_f32_formula():
+    with pytest.raises(TypeError):
+        token_embeddings([1.5], 32)
     e = token_embeddings([0, 7, 41], 32)
     for row, t in zip(e, [0, 7, 41]):
         np.testing.assert_allclose(row, ref_embedding(t, 32), rtol=0, atol=1e-7)
@@ -181,6 +184,13 @@ def test_bad_inputs():
         ex.prefill(np.zeros((1, 0), dtype=np.int64))
     with pytest.raises(TypeError):
         ex.prefill(np.array([1.5, 2.0]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")        # no ComplexWarning from a silent cast first
+        for bad in (np.zeros(0, complex), np.zeros(0, bool), np.array([], dtype=object)):
+            with pytest.raises(TypeError):
+                ex.decode(bad, [])
+            with pytest.raises(TypeError):
+                ex.prefill(bad)
     with pytest.raises(ValueError):
         ex.prefill([-1, 2])
     with pytest.raises(ValueError):

@@ -1,6 +1,7 @@
 """PagedKVCacheManager: allocation, K/V I/O, batched attention, paged_attention, stats,
 pressure, bad inputs and threads."""
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -294,6 +295,12 @@ def test_bad_requests_leave_state_unchanged():
         AllocationRequest(initial_tokens=10, max_sequence_length=5)
     with pytest.raises(TypeError):
         AllocationRequest(prompt_tokens=[1.0, 2.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")        # refused before any cast could warn
+        for bad in (np.zeros(0, complex), np.zeros(0, bool), [[1, 2]]):
+            with pytest.raises(TypeError):
+                AllocationRequest(prompt_tokens=bad)
+    assert AllocationRequest(prompt_tokens=[]).initial_tokens == 0
     with pytest.raises(PoolExhaustedError):
         m.allocate(AllocationRequest(initial_tokens=17))
     assert m.free_blocks() == 4 and m.list_handles() == []
