@@ -164,13 +164,15 @@ cdef class KVPageStore:
         cdef Py_ssize_t s = _validate.check_count(start, "start", 2**40)
         cdef Py_ssize_t cnt = _validate.check_count(n, "n")
         dt = np.dtype(np.float32) if float32 else self.pool.dtype
+        if out is not None:
+            _validate.check_out(out, (cnt, self.kv_dim), dt)
+        # The table bounds n before anything is allocated: a huge n with a short
+        # table is a ValueError, not an attempt to allocate terabytes.
+        bt = self._table(block_table, (s + cnt + self.page_size - 1) // self.page_size) if cnt else None
         if out is None:
             out = np.empty((cnt, self.kv_dim), dtype=dt)
-        else:
-            _validate.check_out(out, (cnt, self.kv_dim), dt)
         if cnt == 0:
             return out
-        bt = self._table(block_table, (s + cnt + self.page_size - 1) // self.page_size)
         cdef const int32_t *t = <const int32_t *>cnp.PyArray_DATA(bt)
         cdef char *dst = <char *>cnp.PyArray_DATA(out)
         cdef bint f32 = float32

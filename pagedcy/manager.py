@@ -861,11 +861,14 @@ class PagedKVCacheManager:
         if q_lens is None:
             ql = np.ones(B, dtype=np.int64)
         else:
-            ql = np.asarray(q_lens, dtype=np.int64).reshape(-1)
+            # validated as given: a cast first would floor floats, drop imaginary parts
+            # and wrap integers too large for int64
+            ql = _validate.int_array(q_lens, "q_lens").reshape(-1)
             if ql.shape[0] != B:
                 raise ValueError(f"q_lens has {ql.shape[0]} entries for {B} handles")
-            if B and ql.min() < 0:
-                raise ValueError("q_lens must be >= 0")
+            if B and (ql.min() < 0 or ql.max() > q.shape[0]):
+                raise ValueError(f"q_lens must be in [0, {q.shape[0]}] (the query's rows)")
+            ql = ql.astype(np.int64)
         indptr = np.zeros(B + 1, dtype=np.int32)
         np.cumsum(ql, out=indptr[1:])
         if indptr[-1] != q.shape[0]:

@@ -554,6 +554,8 @@ def test_store_write_rejects_block_table_entries_that_wrap(bt):
     (dict(layer=2), IndexError), (dict(layer=None), TypeError), (dict(which="x"), ValueError),
     (dict(which=2), ValueError), (dict(which=None), ValueError), (dict(start=-1), ValueError),
     (dict(n=-1), ValueError), (dict(n=1.0), TypeError), (dict(n=9), ValueError),
+    # a huge n is refused by the table's length before any output is allocated
+    (dict(n=2**40), ValueError), (dict(bt=0, n=789891057), TypeError),
     (dict(bt=np.array([0, 9], np.int32), start=3), IndexError),
     (dict(bt=np.array([1], np.int32), start=3), ValueError),
     (dict(out=np.empty((2, 8), np.float64)), TypeError),

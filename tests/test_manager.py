@@ -230,6 +230,14 @@ def test_batched_attention_matches_per_sequence():
         m.attention(0, q, hs)                                # rows != sum(q_lens)
     with pytest.raises(ValueError):
         m.attention(0, q[:3], hs[:1], q_lens=[3])            # q_len > num_tokens
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                       # refused, not cast with a warning
+        for bad, exc in [([1.5, 2, 8, 1, 4.5], TypeError), (np.ones(5, complex), TypeError),
+                         ([True] * 5, TypeError), ([2**70, 1, 1, 1, 1], TypeError),
+                         ([2**32 + 1, 2, 8, 1, 5], ValueError), ([1, 2, 8, 1, -1], ValueError),
+                         (np.array([2**64 - 1, 2, 8, 1, 5], np.uint64), ValueError)]:
+            with pytest.raises(exc):
+                m.attention(0, q, hs, q_lens=bad)
 
 
 def test_paged_attention_validation():
