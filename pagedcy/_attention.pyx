@@ -358,23 +358,22 @@ def merge_states(v_a, s_a, v_b=None, s_b=None):
         vs, ss = [v_a, v_b], [s_a, s_b]
     if len(vs) != len(ss) or len(vs) == 0:
         raise ValueError("need the same, non-zero number of v and s arrays")
-    va = []
-    sa = []
+    vs = [np.asarray(v) for v in vs]
+    ss = [np.asarray(s) for s in ss]
+    # kinds and shapes first, so nothing malformed gets as far as the float32 cast
     for v, s in zip(vs, ss):
-        v = np.asarray(v)
-        s = np.asarray(s)
         if v.dtype.kind != "f" or s.dtype.kind != "f":
             raise TypeError("v and s must be floating-point arrays")
-        va.append(np.ascontiguousarray(v, dtype=np.float32))
-        sa.append(np.ascontiguousarray(s, dtype=np.float32))
-    shape = va[0].shape
+    shape = vs[0].shape
     if len(shape) != 3:
         raise ValueError(f"v must be 3-D [n, heads, head_dim], got shape {shape}")
-    for v, s in zip(va, sa):
+    for v, s in zip(vs, ss):
         if v.shape != shape:
             raise ValueError(f"v shapes differ: {shape} vs {v.shape}")
         if s.shape != shape[:2]:
             raise ValueError(f"s must have shape {shape[:2]}, got {s.shape}")
+    va = [np.ascontiguousarray(v, dtype=np.float32) for v in vs]
+    sa = [np.ascontiguousarray(s, dtype=np.float32) for s in ss]
     cdef int k = len(va)
     cdef int64_t rows = shape[0] * shape[1]
     cdef int D = shape[2]

@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -309,6 +310,12 @@ def test_merge_states_errors():
         merge_states(v, s)
     with pytest.raises(ValueError):
         merge_states([v, v], [s])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # shapes are refused before the float32 cast
+        with pytest.raises(ValueError):
+            merge_states(0.0, 3.4028235677973366e+38, 0.0, 0.0)
+        with pytest.raises(ValueError):
+            merge_states(v, np.full((3, 2), 1e300), v, s)
 
 
 def test_read_bandwidth():
