@@ -18,12 +18,13 @@
 #define PA_PF(p) do { if (flags & 1) _mm_prefetch((p), _MM_HINT_T0); else _mm_prefetch((p), _MM_HINT_T1); } while (0)
 #define PA_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
-/* Prefetch cursor over rows [row0, row1) of `len` bytes, `stride` apart:
- * the next page's K and V rows of the item's heads. The kernels issue its
- * lines a few per step of their inner loops, so misses stay in flight all
- * the time instead of in bursts that fill the line-fill buffers and stall.
- * When the item covers every KV head the rows abut and the cursor is one
- * contiguous span (p -> end); otherwise it hops row by row. */
+/* Prefetch cursor over stretches [row0, row1) of `len` bytes, `stride`
+ * apart, in the next page: either the starts of its 4 KiB pages or the
+ * starts of the item's slice of each K/V row (pagedcy_attn_item.h picks).
+ * The kernels issue its lines a few per step of their inner loops, so misses
+ * stay in flight all the time instead of in bursts that fill the line-fill
+ * buffers and stall. When len covers the whole stride the stretches abut
+ * and the cursor is one contiguous span (p -> end); otherwise it hops. */
 typedef struct {
     const char *p, *row_end, *end;
     int64_t stride, len;
