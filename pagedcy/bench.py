@@ -19,6 +19,7 @@ import numpy as np
 from pagedcy._attention import batch_paged_attention, simd_level
 from pagedcy._threads import simd_path
 from pagedcy._bandwidth import read_bandwidth
+from pagedcy._info import huge_pages
 from pagedcy._pool import aligned_zeros
 
 H, HKV, D, T = 32, 8, 128, 16
@@ -342,7 +343,7 @@ def main(argv=None):
     _progress("")
     sys.stderr.write("\r\033[K")
     print(f"pagedcy paged attention: H={H} Hkv={HKV} D={D} page_size={T}, random page order, "
-          f"SIMD={simd_path()}; time = best of {rounds} interleaved rounds")
+          f"SIMD={simd_path()}, huge pages: {huge_pages()}; time = best of {rounds} interleaved rounds")
     print(format_table(rows, bw, bw_start))
     by = {(r["case"], r["threads"]): r for r in rows}
     d32, f16 = by.get((f"{dec} fp32", nt)), by.get((f"{dec} fp16", nt))

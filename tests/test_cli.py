@@ -21,8 +21,37 @@ def run(*args, timeout=240):
 
 def test_info_prints_config():
     out = run("info")
-    for key in ("pagedcy", "openmp", "num_threads", "build_flags", "simd"):
+    for key in ("pagedcy", "openmp", "num_threads", "build_flags", "simd", "huge_pages"):
         assert key in out
+
+
+@pytest.mark.parametrize("text, mode", [
+    ("[always] madvise never\n", "always"),
+    ("always madvise [never]\n", "never"),
+    ("always madvise never\n", "unavailable"),      # no mode selected: not a THP file
+    ("", "unavailable"),
+])
+def test_huge_pages_reads_the_selected_mode(tmp_path, text, mode):
+    from pagedcy._info import huge_pages
+    f = tmp_path / "enabled"
+    f.write_text(text)
+    assert huge_pages(str(f)) == mode
+    assert huge_pages(str(tmp_path / "missing")) == "unavailable"
+
+
+@pytest.mark.parametrize("asks", [True, False])
+def test_huge_pages_madvise_follows_numpy(tmp_path, asks):
+    import numpy as np
+    from pagedcy._info import huge_pages
+    ma = (getattr(np, "_core", None) or np.core).multiarray   # numpy >= 1.25 has the switch
+    f = tmp_path / "enabled"
+    f.write_text("always [madvise] never\n")
+    before = ma._set_madvise_hugepage(asks)           # returns the previous setting
+    try:
+        expect = "madvise (numpy asks)" if asks else "madvise (numpy does not ask: base pages)"
+        assert huge_pages(str(f)) == expect
+    finally:
+        ma._set_madvise_hugepage(before)
 
 
 def test_demo_quick_summary_and_no_leak():
@@ -35,3 +64,4 @@ def test_demo_quick_summary_and_no_leak():
 def test_bench_quick_table():
     out = run("bench", "--quick", "--no-baselines", "--repeats", "1")
     assert "decode" in out and "prefill" in out and "GB/s" in out and "GFLOP/s" in out
+    assert "huge pages:" in out

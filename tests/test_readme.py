@@ -9,7 +9,8 @@ README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
 
 @pytest.mark.skipif(not os.path.exists(README), reason="README.md not beside the tests")
 def test_quick_start_runs():
-    text = open(README, encoding="utf-8").read()
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert blocks, "no python block in README.md"
     namespace = {}
