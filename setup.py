@@ -105,13 +105,13 @@ class BuildExt(build_ext):
 
 def extensions():
     exts = []
-    for pyx in sorted(glob.glob(os.path.join("pagedcy", "*.pyx"))):
-        name = "pagedcy." + os.path.splitext(os.path.basename(pyx))[0]
+    for pyx in sorted(glob.glob(os.path.join("pagedcy", "_libs", "*.pyx"))):
+        name = "pagedcy._libs." + os.path.splitext(os.path.basename(pyx))[0]
         exts.append(Extension(
             name, [pyx],
-            include_dirs=[np.get_include(), os.path.join("pagedcy", "src")],
+            include_dirs=[np.get_include(), os.path.join("pagedcy", "_libs", "src")],
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
-            depends=glob.glob(os.path.join("pagedcy", "src", "*.h")),
+            depends=glob.glob(os.path.join("pagedcy", "_libs", "src", "*.h")),
         ))
     return cythonize(
         exts,
@@ -124,7 +124,7 @@ def extensions():
             "embedsignature": True,
             "freethreading_compatible": False,
         },
-        include_path=["pagedcy"],
+        include_path=["."],
         nthreads=int(os.environ.get("PAGEDCY_CYTHON_JOBS", "0")) or None,
     )
 

@@ -5,9 +5,9 @@ head_dim 128, pages in random order.
 """
 import numpy as np
 
-from pagedcy._attention import batch_paged_attention, simd_level
-from pagedcy.bench import _median_time, make_decode, numpy_reference, paired_ratio, torch_case
-from pagedcy._bandwidth import read_bandwidth
+from pagedcy._libs._attention import batch_paged_attention, simd_level
+from pagedcy.tools.bench import _median_time, make_decode, numpy_reference, paired_ratio, torch_case
+from pagedcy._libs._bandwidth import read_bandwidth
 
 H, HKV, D = 32, 8, 128
 _BW = {}

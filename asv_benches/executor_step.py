@@ -10,9 +10,9 @@ import time
 import numpy as np
 
 from pagedcy import PagedKVCacheConfig
-from pagedcy._bandwidth import read_bandwidth
-from pagedcy.executor import PagedAttentionExecutor, PagedExecutorConfig
-from pagedcy.manager import AllocationRequest, PagedKVCacheManager
+from pagedcy._libs._bandwidth import read_bandwidth
+from pagedcy.serving.executor import PagedAttentionExecutor, PagedExecutorConfig
+from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
 
 
 def main(argv=None):

@@ -10,9 +10,9 @@ import time
 
 import numpy as np
 
-from pagedcy._attention import batch_paged_attention
-from pagedcy._info import huge_pages
-from pagedcy.bench import make_decode
+from pagedcy._libs._attention import batch_paged_attention
+from pagedcy.tools.info import huge_pages
+from pagedcy.tools.bench import make_decode
 
 
 def main(argv=None):

@@ -15,12 +15,12 @@ Cython extension types over one page layout::
 from pagedcy._version import __version__
 from pagedcy.config import EvictionPolicy, PagedKVCacheConfig
 from pagedcy.errors import PoolExhaustedError
-from pagedcy._pool import PagePool
-from pagedcy._table import PageTable
-from pagedcy._store import KVPageStore
-from pagedcy._cache import PagedKVCache
-from pagedcy._threads import openmp_enabled, resolve_num_threads
-from pagedcy._info import show_config
+from pagedcy._libs._pool import PagePool
+from pagedcy._libs._table import PageTable
+from pagedcy._libs._store import KVPageStore
+from pagedcy._libs._cache import PagedKVCache
+from pagedcy._libs._threads import openmp_enabled, resolve_num_threads
+from pagedcy.tools.info import show_config
 
 __all__ = [
     "__version__", "EvictionPolicy", "PagedKVCacheConfig", "PoolExhaustedError",
@@ -29,15 +29,15 @@ __all__ = [
 ]
 
 try:  # the attention kernel and the manager build on the core
-    from pagedcy._attention import batch_paged_attention, merge_states  # noqa: F401
+    from pagedcy._libs._attention import batch_paged_attention, merge_states  # noqa: F401
     __all__ += ["batch_paged_attention", "merge_states"]
 except ImportError:  # pragma: no cover - present in every complete build
     pass
 
 try:  # the multi-sequence layer needs the attention kernel for attention, not to import
-    from pagedcy.manager import (AllocationRequest, CacheStats, MemoryPressure,  # noqa: F401
+    from pagedcy.serving.manager import (AllocationRequest, CacheStats, MemoryPressure,  # noqa: F401
                                  PagedKVCacheHandle, PagedKVCacheManager, paged_attention)
-    from pagedcy.executor import (DecodeOutput, PagedAttentionExecutor,  # noqa: F401
+    from pagedcy.serving.executor import (DecodeOutput, PagedAttentionExecutor,  # noqa: F401
                                   PagedExecutorConfig, PrefillOutput)
     __all__ += ["AllocationRequest", "CacheStats", "MemoryPressure", "PagedKVCacheHandle",
                 "PagedKVCacheManager", "paged_attention", "DecodeOutput",

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from pagedcy._pool import aligned_zeros
+from pagedcy._libs._pool import aligned_zeros
 
 
 def bf16_round(x):

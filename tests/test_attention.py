@@ -1,4 +1,4 @@
-"""Correctness tests of pagedcy._attention against a float64 NumPy reference."""
+"""Correctness tests of pagedcy._libs._attention against a float64 NumPy reference."""
 import os
 import subprocess
 import sys
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagedcy._attention import batch_paged_attention, merge_states, simd_enabled, simd_level
-from pagedcy._bandwidth import read_bandwidth
+from pagedcy._libs._attention import batch_paged_attention, merge_states, simd_enabled, simd_level
+from pagedcy._libs._bandwidth import read_bandwidth
 
 sys.path.insert(0, os.path.dirname(__file__))
 from attn_helpers import bf16_round, make_batch, reference  # noqa: E402
@@ -188,8 +188,8 @@ def test_simd_env_caps_subprocess(env, want_level):
     code = (
         "import sys, numpy as np; sys.path.insert(0, %r)\n"
         "from attn_helpers import make_batch, reference\n"
-        "from pagedcy._attention import batch_paged_attention, simd_enabled, simd_level\n"
-        "from pagedcy._threads import simd_path\n"
+        "from pagedcy._libs._attention import batch_paged_attention, simd_enabled, simd_level\n"
+        "from pagedcy._libs._threads import simd_path\n"
         "assert simd_level() == %d, (simd_level(), simd_path())\n"
         "assert simd_enabled() == (simd_level() > 0)\n"
         "rng = np.random.default_rng(0)\n"

@@ -9,8 +9,8 @@ import pytest
 import pagedcy
 from pagedcy import KVPageStore, PagedKVCache, PagePool, PageTable
 
-EXT_MODULES = ["pagedcy._pool", "pagedcy._table", "pagedcy._store", "pagedcy._cache",
-               "pagedcy._threads"]
+EXT_MODULES = ["pagedcy._libs._pool", "pagedcy._libs._table", "pagedcy._libs._store", "pagedcy._libs._cache",
+               "pagedcy._libs._threads"]
 
 
 @pytest.mark.parametrize("name", EXT_MODULES)

@@ -32,7 +32,7 @@ def test_info_prints_config():
     ("", "unavailable"),
 ])
 def test_huge_pages_reads_the_selected_mode(tmp_path, text, mode):
-    from pagedcy._info import huge_pages
+    from pagedcy.tools.info import huge_pages
     f = tmp_path / "enabled"
     f.write_text(text)
     assert huge_pages(str(f)) == mode
@@ -42,7 +42,7 @@ def test_huge_pages_reads_the_selected_mode(tmp_path, text, mode):
 @pytest.mark.parametrize("asks", [True, False])
 def test_huge_pages_madvise_follows_numpy(tmp_path, asks):
     import numpy as np
-    from pagedcy._info import huge_pages
+    from pagedcy.tools.info import huge_pages
     ma = (getattr(np, "_core", None) or np.core).multiarray   # numpy >= 1.25 has the switch
     f = tmp_path / "enabled"
     f.write_text("always [madvise] never\n")

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from pagedcy import PagedKVCacheConfig, PoolExhaustedError
-from pagedcy.executor import (DecodeOutput, PagedAttentionExecutor, PagedExecutorConfig,
+from pagedcy.serving.executor import (DecodeOutput, PagedAttentionExecutor, PagedExecutorConfig,
                               PrefillOutput, token_embeddings)
-from pagedcy.manager import AllocationRequest, PagedKVCacheManager
+from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
 
 
 # ---- independent reference of the seed's math (plain loops / float64) ----------------

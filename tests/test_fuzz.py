@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 import pagedcy
 from pagedcy import EvictionPolicy, PagedKVCache, PagedKVCacheConfig, PagePool, PageTable
-from pagedcy._store import KVPageStore
-from pagedcy.executor import PagedAttentionExecutor, PagedExecutorConfig
-from pagedcy.manager import AllocationRequest, PagedKVCacheManager, paged_attention
+from pagedcy._libs._store import KVPageStore
+from pagedcy.serving.executor import PagedAttentionExecutor, PagedExecutorConfig
+from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager, paged_attention
 
 DOCUMENTED = (TypeError, ValueError, IndexError, pagedcy.PoolExhaustedError, KeyError)
 

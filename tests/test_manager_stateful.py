@@ -10,7 +10,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from pagedcy import PagedKVCacheConfig, PoolExhaustedError
-from pagedcy.manager import AllocationRequest, PagedKVCacheManager
+from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
 
 PS, PAGES, LAYERS, KVD, SWAP = 4, 20, 2, 2, 12
 PREFIXES = [list(range(8)), list(range(8)) + [50, 51, 52, 53], [9, 9, 9, 9, 1, 2, 3, 4]]

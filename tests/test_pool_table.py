@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pagedcy import PagePool, PageTable
-from pagedcy._pool import PAGE_ALIGN, aligned_zeros
+from pagedcy._libs._pool import PAGE_ALIGN, aligned_zeros
 
 DTYPES = ["float32", "float16", "bfloat16"]
 

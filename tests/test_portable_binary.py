@@ -19,11 +19,10 @@ pytestmark = pytest.mark.skipif(
 # Functions allowed to hold VEX-encoded instructions: the run-time-dispatched SIMD kernels.
 ALLOWED = re.compile(r"avx2|avx512|f16c|fma", re.IGNORECASE)
 FUNC = re.compile(r"^[0-9a-f]+ <(?P<name>[^>]+)>:$")
-INSN = re.compile(r"^\s+[0-9a-f]+:\s+(?:[0-9a-f]{2} )+\s*(?P<mnemonic>[a-z][a-z0-9]*)")
 
 
 def _libraries():
-    root = os.path.dirname(pagedcy.__file__)
+    root = os.path.join(os.path.dirname(pagedcy.__file__), "_libs")
     return sorted(glob.glob(os.path.join(root, "*.so")))
 
 
@@ -48,7 +47,7 @@ def vex_outside_dispatch(path):
 
 
 def test_extension_libraries_present():
-    assert _libraries(), "no compiled extension found next to pagedcy/__init__.py"
+    assert _libraries(), "no compiled extension found in pagedcy/_libs"
 
 
 @pytest.mark.skipif(os.environ.get("PAGEDCY_NATIVE", "") not in ("", "0"),

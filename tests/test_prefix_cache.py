@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from pagedcy import PagedKVCacheConfig, PoolExhaustedError
-from pagedcy.manager import AllocationRequest, PagedKVCacheManager
+from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
 
 PS = 4
 

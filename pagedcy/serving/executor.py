@@ -16,7 +16,7 @@ import numpy as np
 
 from pagedcy import _validate
 from pagedcy.errors import PoolExhaustedError
-from pagedcy.manager import AllocationRequest, PagedKVCacheHandle, PagedKVCacheManager
+from pagedcy.serving.manager import AllocationRequest, PagedKVCacheHandle, PagedKVCacheManager
 
 __all__ = ["PagedExecutorConfig", "PagedAttentionExecutor", "PrefillOutput", "DecodeOutput",
            "token_embeddings"]

@@ -3,10 +3,10 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t
 
-from pagedcy._sync cimport PyThread_type_lock, new_lock, acquire, release, PyThread_free_lock
-from pagedcy._pool cimport PagePool
-from pagedcy._table cimport PageTable
-from pagedcy._store cimport KVPageStore, NOGIL_BYTES
+from pagedcy._libs._sync cimport PyThread_type_lock, new_lock, acquire, release, PyThread_free_lock
+from pagedcy._libs._pool cimport PagePool
+from pagedcy._libs._table cimport PageTable
+from pagedcy._libs._store cimport KVPageStore, NOGIL_BYTES
 from pagedcy import _validate
 from pagedcy.config import EvictionPolicy, PagedKVCacheConfig
 from pagedcy.errors import PoolExhaustedError
@@ -291,7 +291,7 @@ cdef class PagedKVCache:
         held tokens' queries) over the held tokens of ``layer``, reading K/V straight from
         the pages. Options as :func:`pagedcy.batch_paged_attention`. Returns
         ``[q_len, num_heads, head_dim]`` (and the LSE with ``return_lse=True``)."""
-        from pagedcy._attention import batch_paged_attention
+        from pagedcy._libs._attention import batch_paged_attention
         q = np.asarray(query)
         if q.ndim == 2:
             q = q[None]

@@ -7,7 +7,7 @@ from libc.stdint cimport int32_t, uintptr_t
 from libc.string cimport memcpy
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 
-from pagedcy._sync cimport new_lock, acquire, release, PyThread_free_lock
+from pagedcy._libs._sync cimport new_lock, acquire, release, PyThread_free_lock
 from pagedcy import dtypes as _dtypes
 
 cnp.import_array()

@@ -4,7 +4,7 @@ from typing import Any, Optional, Union
 import numpy as np
 import numpy.typing as npt
 
-from pagedcy._pool import PagePool
+from pagedcy._libs._pool import PagePool
 from pagedcy.config import PagedKVCacheConfig
 
 @disjoint_base

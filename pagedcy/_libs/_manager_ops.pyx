@@ -1,4 +1,4 @@
-"""Hot paths of :mod:`pagedcy.manager` that would otherwise loop in Python per sequence.
+"""Hot paths of :mod:`pagedcy.serving.manager` that would otherwise loop in Python per sequence.
 
 A decode step touches every running sequence once: it writes one K/V row per sequence
 and then needs the batch's padded block table. Doing that with one NumPy call per
@@ -10,7 +10,7 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
 
-from pagedcy._store cimport KVPageStore, pagedcy_store_from_f32
+from pagedcy._libs._store cimport KVPageStore, pagedcy_store_from_f32
 
 cnp.import_array()
 

@@ -6,7 +6,7 @@ cimport numpy as cnp
 from cython.parallel cimport prange
 from libc.stdint cimport int64_t
 
-from pagedcy._threads import resolve_num_threads
+from pagedcy._libs._threads import resolve_num_threads
 
 cnp.import_array()
 

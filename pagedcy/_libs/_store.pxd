@@ -1,5 +1,5 @@
 from libc.stdint cimport int32_t
-from pagedcy._pool cimport PagePool
+from pagedcy._libs._pool cimport PagePool
 
 cdef extern from "pagedcy_convert.h" nogil:
     void pagedcy_store_from_f32(int dtype, void *dst, const float *src, size_t n)

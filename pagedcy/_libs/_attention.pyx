@@ -12,8 +12,8 @@ from cython.parallel cimport prange
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free
 
-from pagedcy._openmp cimport omp_get_thread_num
-from pagedcy._threads import resolve_num_threads
+from pagedcy._libs._openmp cimport omp_get_thread_num
+from pagedcy._libs._threads import resolve_num_threads
 
 cnp.import_array()
 

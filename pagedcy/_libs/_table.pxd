@@ -1,5 +1,5 @@
 from libc.stdint cimport int32_t
-from pagedcy._sync cimport PyThread_type_lock
+from pagedcy._libs._sync cimport PyThread_type_lock
 
 cdef class PageTable:
     cdef readonly Py_ssize_t page_size

@@ -16,11 +16,11 @@ import time
 
 import numpy as np
 
-from pagedcy._attention import batch_paged_attention, simd_level
-from pagedcy._threads import simd_path
-from pagedcy._bandwidth import read_bandwidth
-from pagedcy._info import huge_pages
-from pagedcy._pool import aligned_zeros
+from pagedcy._libs._attention import batch_paged_attention, simd_level
+from pagedcy._libs._threads import simd_path
+from pagedcy._libs._bandwidth import read_bandwidth
+from pagedcy.tools.info import huge_pages
+from pagedcy._libs._pool import aligned_zeros
 
 H, HKV, D, T = 32, 8, 128, 16
 

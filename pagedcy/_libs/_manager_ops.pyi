@@ -1,6 +1,6 @@
 import numpy as np
 import numpy.typing as npt
-from pagedcy._store import KVPageStore
+from pagedcy._libs._store import KVPageStore
 
 def write_token_rows(store: KVPageStore, pages: npt.ArrayLike, offsets: npt.ArrayLike, layer: int,
                      keys: npt.ArrayLike, values: npt.ArrayLike) -> None: ...

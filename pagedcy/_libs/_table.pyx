@@ -5,8 +5,8 @@ from libc.stdint cimport int32_t
 from libc.string cimport memcpy, memmove
 from cpython.mem cimport PyMem_RawMalloc, PyMem_RawRealloc, PyMem_RawFree
 
-from pagedcy._sync cimport new_lock, acquire, release, PyThread_free_lock
-from pagedcy._pool cimport as_index
+from pagedcy._libs._sync cimport new_lock, acquire, release, PyThread_free_lock
+from pagedcy._libs._pool cimport as_index
 
 cnp.import_array()
 

@@ -31,7 +31,8 @@ def huge_pages(path=THP_ENABLED):
 
 def config_dict():
     """Build facts as a dict: version, OpenMP, threads, compiler flags, SIMD dispatch."""
-    from pagedcy import _threads, __version__
+    from pagedcy import __version__
+    from pagedcy._libs import _threads
     return {
         "pagedcy": __version__,
         "python": sys.version.split()[0],

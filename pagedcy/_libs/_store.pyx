@@ -10,7 +10,7 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t
 from libc.string cimport memcpy
 
-from pagedcy._pool cimport PagePool
+from pagedcy._libs._pool cimport PagePool
 from pagedcy import _validate
 from pagedcy.config import PagedKVCacheConfig
 

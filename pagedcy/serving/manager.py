@@ -28,8 +28,8 @@ from collections import OrderedDict, Counter
 import numpy as np
 
 from pagedcy import _validate
-from pagedcy._store import KVPageStore
-from pagedcy._manager_ops import build_block_table, write_token_rows
+from pagedcy._libs._store import KVPageStore
+from pagedcy._libs._manager_ops import build_block_table, write_token_rows
 from pagedcy.config import PagedKVCacheConfig
 from pagedcy.errors import PoolExhaustedError
 
@@ -40,7 +40,7 @@ __all__ = ["AllocationRequest", "PagedKVCacheHandle", "PagedKVCacheManager", "Me
 def _kernel():
     # Imported lazily so the manager (allocation, swap, prefix cache) works in a build
     # that is still missing the attention extension.
-    from pagedcy._attention import batch_paged_attention
+    from pagedcy._libs._attention import batch_paged_attention
     return batch_paged_attention
 
 

@@ -1,5 +1,5 @@
-# C-level entry points of pagedcy._attention, for other Cython modules:
-#     from pagedcy._attention cimport pagedcy_attn_params, paged_attention_nogil
+# C-level entry points of pagedcy._libs._attention, for other Cython modules:
+#     from pagedcy._libs._attention cimport pagedcy_attn_params, paged_attention_nogil
 from libc.stdint cimport int32_t, int64_t
 
 cdef extern from "pagedcy_attention.h":

@@ -15,8 +15,8 @@ from collections import deque
 import numpy as np
 
 from pagedcy import EvictionPolicy, PagedKVCache, PagedKVCacheConfig, PoolExhaustedError
-from pagedcy.executor import PagedAttentionExecutor, PagedExecutorConfig
-from pagedcy.manager import AllocationRequest, MemoryPressure, PagedKVCacheManager
+from pagedcy.serving.executor import PagedAttentionExecutor, PagedExecutorConfig
+from pagedcy.serving.manager import AllocationRequest, MemoryPressure, PagedKVCacheManager
 
 
 def sliding_window(args):

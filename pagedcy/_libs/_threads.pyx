@@ -1,7 +1,7 @@
 """OpenMP availability and the thread-count policy shared by every kernel."""
 import os
 
-from pagedcy._openmp cimport omp_get_max_threads, PAGEDCY_OPENMP, PAGEDCY_BUILD_FLAGS
+from pagedcy._libs._openmp cimport omp_get_max_threads, PAGEDCY_OPENMP, PAGEDCY_BUILD_FLAGS
 
 
 def openmp_enabled():
