@@ -26,24 +26,20 @@ def attention_kernel():
 class KVAccess:
     """K/V reads, writes and attention for the handles of one manager.
 
-    KVAccess(config, store, handles, allocator, prefix_cache, lock)
+    KVAccess(parts): parts is the manager's :class:`~pagedcy.serving.parts.ManagerParts`.
     """
 
-    def __init__(self, config, store, handles, allocator, prefix_cache, lock):
-        self.config = config
-        self.page_size = config.page_size
-        self._store = store
-        self._handles = handles
-        self._alloc = allocator
-        self._prefix = prefix_cache
-        self._lock = lock
+    def __init__(self, parts):
+        self._p = parts
+        self.config = parts.config
+        self.page_size = parts.config.page_size
 
     def _written(self, h, layers, start, end):
         """Positions ``start .. end-1`` of ``layers`` of ``h`` hold K/V now: register the
         prompt pages that became complete."""
         pr = h._progress
         if pr is not None and pr.advance(layers, start, end) \
-                and self._prefix.register(h._blocks, pr):
+                and self._p.prefix.register(h._blocks, pr):
             h._progress = None
 
     # -- K/V data ---------------------------------------------------------------------
@@ -51,7 +47,7 @@ class KVAccess:
         """Copy-on-write before writing block ``blk[i]`` (page ``pages[i]``) of
         ``hs[seq[i]]``: see :meth:`BlockAllocator.make_private`. Returns ``(indices,
         new_pages)`` of the entries that were copied."""
-        idx, new = self._alloc.make_private(pages)
+        idx, new = self._p.allocator.make_private(pages)
         if new:
             changed = {}
             for i, q in zip(idx.tolist(), new):
@@ -81,14 +77,14 @@ class KVAccess:
         cfg = self.config
         k = _validate.as_f32_rows(key, "key", cfg.num_kv_heads, cfg.head_dim, 1)
         v = _validate.as_f32_rows(value, "value", cfg.num_kv_heads, cfg.head_dim, 1)
-        with self._lock:
-            h = self._handles.resident(handle)
+        with self._p.lock:
+            h = self._p.handles.resident(handle)
             pos = _validate.as_int(position, "position")
             cap = len(h._blocks) * self.page_size
             if pos < 0 or pos >= cap:
                 raise IndexError(f"position {pos} out of range [0, {cap}) of {h.request_id!r}")
             layer = self._writable(h, layer, pos, 1)
-            self._store.write(h.block_table(), layer, pos, k, v)
+            self._p.store.write(h.block_table(), layer, pos, k, v)
             self._written(h, (layer,), pos, pos + 1)
 
     def write_kv_tokens(self, handle, layer, start, keys, values):
@@ -101,11 +97,11 @@ class KVAccess:
         # The copy runs under the manager lock (the store drops the GIL for it, so other
         # threads still run): a concurrent deallocate/fork of this handle can then never
         # hand its pages to someone else mid-copy.
-        with self._lock:
-            h = self._handles.resident(handle)
+        with self._p.lock:
+            h = self._p.handles.resident(handle)
             layer = self._writable(h, layer, start, n)
             if n:
-                self._store.write(h.block_table(), layer, start, k, v)
+                self._p.store.write(h.block_table(), layer, start, k, v)
                 self._written(h, (layer,), start, start + n)
 
     def write_kv_batch(self, handles, layer, positions, keys, values):
@@ -120,8 +116,8 @@ class KVAccess:
             raise ValueError(f"positions must be {B} integers")
         layer = _validate.check_index(layer, cfg.num_layers, "layer")
         ps = self.page_size
-        with self._lock:
-            hs = [self._handles.resident(h) for h in hs]
+        with self._p.lock:
+            hs = [self._p.handles.resident(h) for h in hs]
             if len(set(hs)) != B:
                 raise ValueError("a handle appears twice in one batched write")
             pl = pos.tolist()
@@ -133,7 +129,7 @@ class KVAccess:
             pages = np.fromiter((h._blocks[b] for h, b in zip(hs, blk.tolist())), np.int32, B)
             idx, new = self._own(hs, np.arange(B), blk, pages)
             pages[idx] = new
-            write_token_rows(self._store, pages, (pos % ps).astype(np.int32), layer, k, v)
+            write_token_rows(self._p.store, pages, (pos % ps).astype(np.int32), layer, k, v)
             for h, p in zip(hs, pl):
                 if h._progress is not None:
                     self._written(h, (layer,), p, p + 1)
@@ -143,29 +139,29 @@ class KVAccess:
         cfg = self.config
         start = _validate.check_count(start, "start")
         n = _validate.check_count(n, "n")
-        with self._lock:
-            h = self._handles.resident(handle)
+        with self._p.lock:
+            h = self._p.handles.resident(handle)
             layer = _validate.check_index(layer, cfg.num_layers, "layer")
             cap = len(h._blocks) * self.page_size
             if start + n > cap:
                 raise ValueError(f"positions {start}..{start + n - 1} are past the {cap} "
                                  f"tokens of the blocks of {h.request_id!r}")
             table = h.block_table()
-            k = self._store.read(table, layer, 0, start, n, float32=float32)
-            v = self._store.read(table, layer, 1, start, n, float32=float32)
+            k = self._p.store.read(table, layer, 0, start, n, float32=float32)
+            v = self._p.store.read(table, layer, 1, start, n, float32=float32)
         shape = (n, cfg.num_kv_heads, cfg.head_dim)
         return k.reshape(shape), v.reshape(shape)
 
     # -- engine step ----------------------------------------------------------------------
     def _step(self, handles, q_lens):
-        hs = self._handles.resident_batch(handles, "step")
+        hs = self._p.handles.resident_batch(handles, "step")
         kv = np.fromiter((h._num_tokens for h in hs), np.int64, len(hs))
         return hs, check_q_lens(q_lens, hs, kv), kv
 
     def prepare_step(self, handles, q_lens):
         """:meth:`PagedKVCacheManager.prepare_step`."""
         ps = self.page_size
-        with self._lock:
+        with self._p.lock:
             hs, ql, kv = self._step(handles, q_lens)
             tables, _ = self._tables(hs)
             first = (kv - ql) // ps
@@ -179,7 +175,7 @@ class KVAccess:
     def commit_step(self, handles, q_lens):
         """:meth:`PagedKVCacheManager.commit_step`."""
         layers = range(self.config.num_layers)
-        with self._lock:
+        with self._p.lock:
             hs, ql, kv = self._step(handles, q_lens)
             for h, q, n in zip(hs, ql.tolist(), kv.tolist()):
                 if h._progress is not None:
@@ -194,8 +190,8 @@ class KVAccess:
 
     def batch_tables(self, handles):
         """:meth:`PagedKVCacheManager.batch_tables`."""
-        with self._lock:
-            return self._tables([self._handles.resident(h) for h in handles])
+        with self._p.lock:
+            return self._tables([self._p.handles.resident(h) for h in handles])
 
     def attention(self, layer, query, handles, q_lens=None, **kernel_options):
         """:meth:`PagedKVCacheManager.attention`."""
@@ -226,5 +222,5 @@ class KVAccess:
             raise ValueError(f"q_len {int(ql[i])} of {hs[i].request_id!r} exceeds its "
                              f"{int(lens[i])} tokens")
         layer = _validate.check_index(layer, self.config.num_layers, "layer")
-        return attention_kernel()(q, indptr, self._store.pages(), layer, tables, lens,
+        return attention_kernel()(q, indptr, self._p.store.pages(), layer, tables, lens,
                                   **kernel_options)

@@ -20,23 +20,20 @@ the attention kernel run without the GIL, so threads overlap. A handle must not 
 by one thread while another deallocates, forks or swaps that same handle.
 """
 import contextlib
-import threading
 
 import numpy as np
 
 from pagedcy import _validate
 from pagedcy._libs._store import KVPageStore
 from pagedcy.config import PagedKVCacheConfig
-from pagedcy.serving.allocator import BlockAllocator
-from pagedcy.serving.handle import HandleTable, PagedKVCacheHandle
+from pagedcy.serving.handle import PagedKVCacheHandle
 from pagedcy.serving.kv_access import KVAccess, attention_kernel
 from pagedcy.serving.lifecycle import SequenceLifecycle
-from pagedcy.serving.prefix import PrefixCache
+from pagedcy.serving.parts import ManagerParts
 from pagedcy.serving.pressure import MemoryPressure, PressureMonitor
 from pagedcy.serving.request import AllocationRequest
-from pagedcy.serving.stats import CacheStats, Counters
+from pagedcy.serving.stats import CacheStats
 from pagedcy.serving.step import StepSlots
-from pagedcy.serving.swap import SwapSpace
 
 __all__ = ["AllocationRequest", "PagedKVCacheHandle", "PagedKVCacheManager", "MemoryPressure",
            "CacheStats", "StepSlots", "paged_attention"]
@@ -69,18 +66,12 @@ class PagedKVCacheManager:
         self.page_size = config.page_size
         self._store = KVPageStore(config)
         self._pool = self._store.pool
-        self._lock = threading.RLock()
-        self._counters = Counters()
-        self._prefix = PrefixCache(config.page_size, config.max_pages, enable_prefix_cache,
-                                   self._counters)
-        self._alloc = BlockAllocator(self._pool, self._prefix, self._counters)
-        self._swap = SwapSpace(config, swap_pages, swap_path, self._counters) if swap_pages \
-            else None
-        self._handles = HandleTable(self)
-        self._life = SequenceLifecycle(self, config, self._store, self._handles, self._alloc,
-                                       self._prefix, self._swap, self._counters, self._lock)
-        self._kv = KVAccess(config, self._store, self._handles, self._alloc, self._prefix,
-                            self._lock)
+        p = ManagerParts.build(self, config, self._store, enable_prefix_cache=enable_prefix_cache,
+                               swap_pages=swap_pages, swap_path=swap_path)
+        self._lock, self._counters, self._prefix = p.lock, p.counters, p.prefix
+        self._alloc, self._swap, self._handles = p.allocator, p.swap, p.handles
+        self._life = SequenceLifecycle(p)
+        self._kv = KVAccess(p)
 
     # -- geometry / accounting --------------------------------------------------
     def block_size(self):

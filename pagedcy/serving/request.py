@@ -21,7 +21,8 @@ class AllocationRequest:
     TypeError for non-integer counts/tokens.
     """
 
-    __slots__ = ("request_id", "initial_tokens", "max_sequence_length", "prompt_tokens", "cache_salt")
+    __slots__ = ("request_id", "initial_tokens", "max_sequence_length", "prompt_tokens",
+                 "cache_salt")
 
     def __init__(self, request_id=None, initial_tokens=0, max_sequence_length=None,
                  prompt_tokens=None, cache_salt=None):
