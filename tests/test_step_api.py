@@ -34,7 +34,8 @@ def rows_of(tokens, positions, layer):
 def step_write(m, handles, q_lens, tokens_per_handle):
     """One engine step: prepare, write every layer into the slots, commit. Returns the slots."""
     slots = m.prepare_step(handles, q_lens)
-    toks = np.concatenate([np.asarray(t)[-q:] for t, q in zip(tokens_per_handle, q_lens)])
+    toks = np.concatenate([np.asarray(t)[-q:] for t, q in zip(tokens_per_handle, q_lens)]
+                          + [np.zeros(0, np.int64)])
     for layer in range(LAYERS):
         k = rows_of(toks, slots.positions, layer)
         write_token_rows(m.store, slots.slot_pages, slots.slot_offsets, layer, k, -k)
