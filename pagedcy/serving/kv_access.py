@@ -6,13 +6,18 @@ writes, single rows, ranges, one row per sequence, engine-step slots and attenti
 its own and works on the manager's store, handles, allocator and prefix cache under the
 manager's lock.
 """
+import operator
+
 import numpy as np
 
 from pagedcy import _validate
 from pagedcy._libs._manager_ops import build_block_table, write_token_rows
+from pagedcy.serving.handle import PagedKVCacheHandle
 from pagedcy.serving.step import check_q_lens, step_slots
 
 __all__ = ["KVAccess", "attention_kernel"]
+
+_num_tokens = operator.attrgetter("_num_tokens")
 
 
 def attention_kernel():
@@ -155,7 +160,7 @@ class KVAccess:
     # -- engine step ----------------------------------------------------------------------
     def _step(self, handles, q_lens):
         hs = self._p.handles.resident_batch(handles, "step")
-        kv = np.fromiter((h._num_tokens for h in hs), np.int64, len(hs))
+        kv = np.array(list(map(_num_tokens, hs)), dtype=np.int64)
         return hs, check_q_lens(q_lens, hs, kv), kv
 
     def prepare_step(self, handles, q_lens):
@@ -163,7 +168,7 @@ class KVAccess:
         ps = self.page_size
         with self._p.lock:
             hs, ql, kv = self._step(handles, q_lens)
-            tables, _ = self._tables(hs)
+            tables = self._tables(hs)
             first = (kv - ql) // ps
             nblk = (kv - 1) // ps - first + 1
             seq = np.repeat(np.arange(len(hs)), nblk)
@@ -182,16 +187,17 @@ class KVAccess:
                     self._written(h, layers, n - q, n)
 
     # -- attention ----------------------------------------------------------------------
-    def _tables(self, hs):
-        tabs = [h.block_table() for h in hs]
-        width = max((t.shape[0] for t in tabs), default=0) or 1
-        return build_block_table(tabs, width), \
-            np.fromiter((h._num_tokens for h in hs), np.int32, len(hs))
+    @staticmethod
+    def _tables(hs):
+        """Zero-padded int32 ``[B, max blocks]`` block tables of handles ``hs``."""
+        tabs = list(map(PagedKVCacheHandle.block_table, hs))
+        return build_block_table(tabs, max(map(len, tabs), default=0) or 1)
 
     def batch_tables(self, handles):
         """:meth:`PagedKVCacheManager.batch_tables`."""
         with self._p.lock:
-            return self._tables([self._p.handles.resident(h) for h in handles])
+            hs = [self._p.handles.resident(h) for h in handles]
+            return self._tables(hs), np.array(list(map(_num_tokens, hs)), dtype=np.int32)
 
     def attention(self, layer, query, handles, q_lens=None, **kernel_options):
         """:meth:`PagedKVCacheManager.attention`."""
