@@ -1,13 +1,18 @@
 """Many sequences over one page pool: handles, prefix caching, copy-on-write fork, swap.
 
-:class:`PagedKVCacheManager` composes small parts that each own their state, the way
-``numpy.random.Generator`` wraps a ``BitGenerator``: a
+:class:`PagedKVCacheManager` is a thin, locked front over small parts that each own
+their state, the way ``numpy.random.Generator`` wraps a ``BitGenerator``
+(:class:`~pagedcy.serving.parts.ManagerParts` bundles them): a
 :class:`~pagedcy.serving.allocator.BlockAllocator` (the pool plus the evictable LRU), a
 :class:`~pagedcy.serving.prefix.PrefixCache` (chained page hashes), an optional
 :class:`~pagedcy.serving.swap.SwapSpace`, a :class:`~pagedcy.serving.handle.HandleTable`
-and a :class:`~pagedcy.serving.pressure.PressureMonitor`. Pages are the blocks:
-``block_size() == config.page_size`` and a page holds that many tokens of K and V for
-every layer.
+(the live :class:`PagedKVCacheHandle` objects) and :class:`~pagedcy.serving.stats.Counters`.
+Two coordinators work on them: :class:`~pagedcy.serving.lifecycle.SequenceLifecycle`
+(allocate, extend, fork, swap, release) and :class:`~pagedcy.serving.kv_access.KVAccess`
+(K/V writes and reads with copy-on-write, engine-step slots, attention); a
+:class:`~pagedcy.serving.pressure.PressureMonitor` reports memory pressure. Pages are the
+blocks: ``block_size() == config.page_size`` and a page holds that many tokens of K and V
+for every layer.
 
 Page ownership (the invariant :meth:`PagedKVCacheManager.check_invariants` checks): a
 free page has refcount 0; a page held by handles has refcount == the number of handles
