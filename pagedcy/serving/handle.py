@@ -163,7 +163,8 @@ class HandleTable:
         if isinstance(h, PagedKVCacheHandle):
             if h._mgr is not self._owner:
                 raise ValueError("handle belongs to another manager")
-            h._check()
+            if not h._alive:
+                h._check()
             return h
         try:
             return self._by_id[h]

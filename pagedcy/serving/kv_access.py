@@ -50,13 +50,14 @@ class KVAccess:
     # -- K/V data ---------------------------------------------------------------------
     def _own(self, hs, seq, blk, pages):
         """Copy-on-write before writing block ``blk[i]`` (page ``pages[i]``) of
-        ``hs[seq[i]]``: see :meth:`BlockAllocator.make_private`. Returns ``(indices,
-        new_pages)`` of the entries that were copied."""
+        ``hs[seq[i]]`` (``seq`` None: every entry is ``hs[0]``'s): see
+        :meth:`BlockAllocator.make_private`. Returns ``(indices, new_pages)`` of the
+        entries that were copied."""
         idx, new = self._p.allocator.make_private(pages)
         if new:
             changed = {}
             for i, q in zip(idx.tolist(), new):
-                s = int(seq[i])
+                s = 0 if seq is None else int(seq[i])
                 if s not in changed:
                     changed[s] = list(hs[s]._blocks)
                 changed[s][blk[i]] = q
@@ -73,8 +74,7 @@ class KVAccess:
                              f"the blocks of {h.request_id!r}")
         if n:
             first, last = start // self.page_size, (start + n - 1) // self.page_size
-            blk = np.arange(first, last + 1)
-            self._own([h], np.zeros_like(blk), blk, h.block_table()[first:last + 1])
+            self._own([h], None, range(first, last + 1), h.block_table()[first:last + 1])
         return layer
 
     def write_kv(self, handle, layer, position, key, value):
