@@ -126,10 +126,7 @@ class HandleTable:
         return len(self._by_id)
 
     def __contains__(self, request_id):
-        try:
-            return request_id in self._by_id
-        except TypeError:
-            return False
+        return request_id in self._by_id
 
     def values(self):
         """Live handles in allocation order (a list)."""
