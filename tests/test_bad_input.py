@@ -436,14 +436,11 @@ def test_advance_at_full_page_is_value_error(filled_cache):
     assert cache_state(filled_cache) == before
 
 
-ADVANCE_BUG = (
-    "BUG: pagedcy/_cache.pyx PagedKVCache.advance only checks that the mapped pages have room "
-    "(seq_len+1 <= num_pages*page_size), not that a token was appended since the last "
-    "advance/append_tokens; a second advance() inside a partly filled page succeeds and "
-    "exposes whatever stale bytes the page held (pages are not zeroed on reuse)")
-
-
 def test_advance_twice_after_one_append_is_value_error():
+    """Regression: advance() once checked only that the mapped pages had room, not that a
+    token was appended since the last advance/append_tokens, so a second advance() inside a
+    partly filled page succeeded and exposed the stale bytes the page held (pages are not
+    zeroed on reuse)."""
     cache = PagedKVCache(PagedKVCacheConfig(**GOOD))
     row = np.ones(8, np.float32)
     cache.append_kv_layer(0, row, row)
@@ -536,15 +533,11 @@ def test_store_write_rejects(kw, exc):
     assert store_state(s) == before
 
 
-BLOCK_TABLE_WRAP_BUG = (
-    "BUG: pagedcy/_store.pyx KVPageStore._table casts a 64-bit block table to int32 with "
-    "np.ascontiguousarray(..., dtype=np.int32) BEFORE check_table, so 2**32+1 wraps to 1 and "
-    "passes the range check: write() silently writes page 1 (read() reads it)")
-
-
 @pytest.mark.parametrize("bt", [np.array([2**32 + 1], np.int64), np.array([2**32], np.uint64),
                                 np.array([-2**32 + 2], np.int64)])
 def test_store_write_rejects_block_table_entries_that_wrap(bt):
+    """Regression: KVPageStore once cast a 64-bit block table to int32 before the range
+    check, so 2**32 + 1 wrapped to 1, passed, and write() silently wrote page 1."""
     s = store()
     before = store_state(s)
     with pytest.raises(IndexError):
@@ -584,18 +577,15 @@ def test_store_read_rejects_bool_which():
         s.read(np.array([0], np.int32), 0, True, 0, 1)
 
 
-HUGE_START_BUG = (
-    "BUG: pagedcy/_store.pyx KVPageStore.write/read compute (start + n + page_size - 1) in "
-    "Py_ssize_t; start near 2**63 overflows to a negative page count, _table() then skips "
-    "its checks and c_write/c_read index the block table out of bounds -> segfault")
-
-
 @pytest.mark.parametrize("call", [
     "s.write(np.array([0], np.int32), 0, 2**63 - 1, np.ones((1, 8), np.float32), "
     "np.ones((1, 8), np.float32))",
     "s.read(np.array([0], np.int32), 0, 'k', 2**63 - 1, 1)",
 ])
 def test_store_huge_start_does_not_crash(call):
+    """Regression: write/read once computed start + n + page_size - 1 in Py_ssize_t; a start
+    near 2**63 overflowed to a negative page count, the table checks were skipped and the
+    copy indexed the block table out of bounds (a segfault)."""
     expect_exception_isolated(
         "s = p.KVPageStore(p.PagedKVCacheConfig(4, 4, 2, 2, 4))", call,
         ["ValueError", "IndexError", "OverflowError"])

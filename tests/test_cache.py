@@ -267,7 +267,7 @@ def test_lru_sliding_window_bulk_far_past_exhaustion(page_size, max_pages):
 
 
 def test_lru_ten_thousand_appends_stay_cheap():
-    # A linear-scan LRU (the seed's touch_page) or an O(n) pop_front would make this crawl;
+    # A linear-scan LRU (a list scan per touched page) or an O(n) pop_front would make this crawl;
     # no timing assertion, the suite's overall budget is the guard.
     cfg, cache = make(page_size=2, max_pages=64, num_layers=2, heads=1, head_dim=8, eviction=LRU)
     row = np.zeros(8, np.float32)

@@ -216,16 +216,12 @@ def test_page_views_are_zero_copy(dtype):
     assert np.array_equal(pool.page_data(2).view(pattern.dtype), pattern[::-1])
 
 
-POOL_ALIGN_BUG = (
-    "BUG: pagedcy/_pool.pyx PagePool.__init__ computes the alignment offset as "
-    "(-addr) % ALIGN with cdivision=True, i.e. C remainder, which is negative for any "
-    "address not already 64-byte aligned; raw[offset:offset+nbytes] is then an EMPTY slice "
-    "whose data pointer lies past the end of `raw`: as_array() raises ValueError (cannot "
-    "reshape size 0) and every page write goes out of bounds of the heap block")
-
-
 def test_buffer_is_4k_aligned_and_sized():
-    # Many pools of many sizes: a fix-up that only works for some heap addresses must fail here.
+    """Regression: the alignment offset was once (-addr) % ALIGN in C arithmetic (cdivision),
+    negative for most addresses: the pool's buffer became an empty slice past the end of its
+    allocation, as_array() failed and every page write went out of bounds.
+
+    Many pools of many sizes: a fix-up that only works for some heap addresses fails here."""
     for dtype in DTYPES:
         for max_pages, fpp in [(1, 1), (3, 5), (4, 128), (7, 1000), (2, 4096 * 16)]:
             for _ in range(8):
@@ -294,7 +290,7 @@ def test_table_push_pop_and_physical_pages():
     assert t.pop_page() is None and t.pop_front_page() is None
 
 
-def test_pop_clamps_seq_len_like_the_seed():
+def test_pop_clamps_seq_len_to_the_remaining_pages():
     t = PageTable(4)
     for p in range(3):
         t.push_page(p)

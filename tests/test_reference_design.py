@@ -1,7 +1,7 @@
-"""One-for-one Python twins of the Rust seed's tests (same names, same assertions).
+"""One-for-one Python twins of the reference design's tests (same names, same assertions).
 
-The seed passes ``&mut [f32]`` buffers to gather_*; here the same buffers are 1-D float32
-``dst`` arrays, which the core must fill in place.
+The reference design fills caller-owned float buffers in gather_*; here those buffers are
+1-D float32 ``dst`` arrays, which the core must fill in place.
 """
 import numpy as np
 import pytest
@@ -131,7 +131,7 @@ def test_paged_non_multiple_gather_kv():
 
     for step in range(seq_len):
         for layer in range(2):
-            # f32 arithmetic like the seed, so the stored values are the same floats.
+            # f32 arithmetic like the reference design, so the stored values are the same floats.
             k = np.array([np.float32(step) * np.float32(10.0) + np.float32(layer)
                           + np.float32(i) * np.float32(0.1) for i in range(kv_dim)], np.float32)
             v = k + np.float32(0.5)
