@@ -138,11 +138,20 @@ cdef class PagedKVCache:
 
     def page_ids(self):
         """Physical pages of the sequence in logical order (int32 array; a block-table row)."""
-        return self.table.physical_pages()
+        # Under the cache's lock: appends grow the table with only that lock held.
+        acquire(self.lock)
+        try:
+            return self.table.physical_pages()
+        finally:
+            release(self.lock)
 
     def free_page_ids(self):
         """The pool's free list (int32 array)."""
-        return self.pool.free_list()
+        acquire(self.lock)
+        try:
+            return self.pool.free_list()
+        finally:
+            release(self.lock)
 
     def pages(self):
         """The page storage as a zero-copy array
