@@ -9,7 +9,7 @@ work to pay for the fork/join (a prefill, not a decode step).
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange
-from libc.math cimport sqrt, expf
+from libc.math cimport sqrt
 from libc.stdint cimport int32_t
 
 from pagedcy._libs._openmp cimport PAGEDCY_OPENMP
@@ -84,15 +84,6 @@ cdef void qkv_rope_row(const float *qkv, const float *bias, const float *cos_row
     else:
         for j in range(kw):
             v_out[j] = qkv[qw + kw + j]
-
-
-cdef void silu_mul_row(const float *gate_up, float *out, Py_ssize_t width) noexcept nogil:
-    """out[j] = silu(gate[j]) * up[j] for a row laid out as gate | up."""
-    cdef Py_ssize_t j
-    cdef float g
-    for j in range(width):
-        g = gate_up[j]
-        out[j] = g / (<float>1.0 + expf(-g)) * gate_up[width + j]
 
 
 # -- Python boundary: validate everything, then trust the nogil loops -------------------
@@ -244,8 +235,8 @@ def silu_mul(gate_up, out, num_threads=None):
     cdef float *op = <float *>cnp.PyArray_DATA(oa)
     if nt > 1:
         for i in prange(n, nogil=True, num_threads=nt, schedule="static"):
-            silu_mul_row(gp + i * w2, op + i * w, w)
+            pagedcy_silu_mul_row(gp + i * w2, op + i * w, w)
     else:
         with nogil:
             for i in range(n):
-                silu_mul_row(gp + i * w2, op + i * w, w)
+                pagedcy_silu_mul_row(gp + i * w2, op + i * w, w)
