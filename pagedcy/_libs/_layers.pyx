@@ -17,9 +17,11 @@ from pagedcy._libs._threads import resolve_num_threads
 
 cnp.import_array()
 
-# Below this many float32 elements per call, one thread: an OpenMP fork/join costs a few
-# microseconds, more than a decode step's elementwise work on one core.
-PARALLEL_ELEMENTS = 1 << 16
+# Below this many float32 elements per call, one thread. The elementwise work is under 1% of a
+# prefill on one core (GEMMs dominate), and on a busy machine an OpenMP region next to
+# OpenBLAS's own threads can wait milliseconds for a descheduled worker, so only large calls
+# (a long prefill) are split.
+PARALLEL_ELEMENTS = 1 << 18
 
 
 cdef void rms_row(const float *x, float *residual, const float *weight, float eps,

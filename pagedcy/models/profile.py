@@ -26,7 +26,7 @@ PARTS = {"batch_paged_attention": "attention", "write_token_rows": "kv write",
 
 
 class _Timer:
-    def __init__(self):
+    def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.gemms: list[tuple[tuple[int, int], tuple[int, int]]] = []
 
