@@ -113,6 +113,13 @@ cdef inline const float *_opt(object a, str name, tuple shape) except? NULL:
     return <const float *>cnp.PyArray_DATA(_f32(a, name, shape))
 
 
+cdef float _eps(object eps) except? -1:
+    cdef float e = eps
+    if not (e > 0 and e < 1e30):
+        raise ValueError(f"eps must be a positive finite float, got {eps!r}")
+    return e
+
+
 cdef int _threads(object num_threads, Py_ssize_t elements) except -1:
     if not PAGEDCY_OPENMP or elements < PARALLEL_ELEMENTS:
         return 1
@@ -138,9 +145,7 @@ def rms_norm(x, weight, eps, out, residual=None, num_threads=None):
         if ra is xa or ra is oa or np.shares_memory(ra, xa) or np.shares_memory(ra, oa):
             raise ValueError("residual must not overlap x or out")
         res = <float *>cnp.PyArray_DATA(ra)
-    cdef float e = eps
-    if not (e > 0 and e < 1e30):
-        raise ValueError(f"eps must be a positive finite float, got {eps!r}")
+    cdef float e = _eps(eps)
     cdef int nt = _threads(num_threads, n * d)
     cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
     cdef const float *wp = <const float *>cnp.PyArray_DATA(wa)
@@ -198,9 +203,7 @@ def qkv_rope(qkv, positions, cos, sin, q_out, k_out, v_out, num_heads, num_kv_he
     cdef const float *bp = _opt(bias, "bias", (W,))
     cdef const float *qn = _opt(q_norm, "q_norm", (D,))
     cdef const float *kn = _opt(k_norm, "k_norm", (D,))
-    cdef float e = eps
-    if not (e > 0 and e < 1e30):
-        raise ValueError(f"eps must be a positive finite float, got {eps!r}")
+    cdef float e = _eps(eps)
     cdef int nt = _threads(num_threads, n * W)
     cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
     cdef const float *cp = <const float *>cnp.PyArray_DATA(ca)
