@@ -107,6 +107,14 @@ cdef cnp.ndarray _f32(object a, str name, tuple shape, bint writable=False):
     return arr
 
 
+cdef bint _overlap(cnp.ndarray a, cnp.ndarray b):
+    """Whether two C-contiguous arrays share bytes (their ranges are exact)."""
+    cdef char *pa = <char *>cnp.PyArray_DATA(a)
+    cdef char *pb = <char *>cnp.PyArray_DATA(b)
+    cdef Py_ssize_t na = cnp.PyArray_NBYTES(a), nb = cnp.PyArray_NBYTES(b)
+    return na > 0 and nb > 0 and pa < pb + nb and pb < pa + na
+
+
 cdef inline const float *_opt(object a, str name, tuple shape) except? NULL:
     if a is None:
         return NULL
@@ -142,7 +150,7 @@ def rms_norm(x, weight, eps, out, residual=None, num_threads=None):
     cdef float *res = NULL
     if residual is not None:
         ra = _f32(residual, "residual", (n, d), True)
-        if ra is xa or ra is oa or np.shares_memory(ra, xa) or np.shares_memory(ra, oa):
+        if _overlap(ra, xa) or _overlap(ra, oa):
             raise ValueError("residual must not overlap x or out")
         res = <float *>cnp.PyArray_DATA(ra)
     cdef float e = _eps(eps)
@@ -185,21 +193,19 @@ def qkv_rope(qkv, positions, cos, sin, q_out, k_out, v_out, num_heads, num_kv_he
     cdef cnp.ndarray va = _f32(v_out, "v_out", (n, kw), True)
     cdef cnp.ndarray ca = _f32(cos, "cos", (None, half))
     cdef cnp.ndarray sa = _f32(sin, "sin", (ca.shape[0], half))
-    outs = (qa, ka, va)
-    for a_i in range(3):
-        if np.shares_memory(outs[a_i], xa):
-            raise ValueError("outputs must not overlap qkv")
-        for b_i in range(a_i):
-            if np.shares_memory(outs[a_i], outs[b_i]):
-                raise ValueError("q_out, k_out and v_out must not overlap")
+    if _overlap(qa, xa) or _overlap(ka, xa) or _overlap(va, xa):
+        raise ValueError("outputs must not overlap qkv")
+    if _overlap(qa, ka) or _overlap(qa, va) or _overlap(ka, va):
+        raise ValueError("q_out, k_out and v_out must not overlap")
     if not isinstance(positions, np.ndarray) or positions.dtype != np.int32:
         raise TypeError("positions must be an int32 numpy array")
     if positions.shape != (n,) or not positions.flags.c_contiguous:
         raise ValueError(f"positions must be C-contiguous with shape ({n},)")
     cdef const int32_t[::1] pos = positions
     cdef Py_ssize_t P = ca.shape[0]
-    if n and (positions.min() < 0 or positions.max() >= P):
-        raise IndexError(f"positions must be in [0, {P}), the rows of the cos/sin tables")
+    for i in range(n):
+        if pos[i] < 0 or pos[i] >= P:
+            raise IndexError(f"position {pos[i]} is outside [0, {P}), the rows of the cos/sin tables")
     cdef const float *bp = _opt(bias, "bias", (W,))
     cdef const float *qn = _opt(q_norm, "q_norm", (D,))
     cdef const float *kn = _opt(k_norm, "k_norm", (D,))
@@ -233,7 +239,7 @@ def silu_mul(gate_up, out, num_threads=None):
         raise ValueError(f"gate_up must have an even number of columns, got {w2}")
     cdef Py_ssize_t w = w2 // 2
     cdef cnp.ndarray oa = _f32(out, "out", (n, w), True)
-    if np.shares_memory(oa, ga):
+    if _overlap(oa, ga):
         raise ValueError("out must not overlap gate_up")
     cdef int nt = _threads(num_threads, n * w2)
     cdef const float *gp = <const float *>cnp.PyArray_DATA(ga)
