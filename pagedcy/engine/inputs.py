@@ -42,11 +42,11 @@ def parse_prompt(prompt, tokenizer, vocab_size):
         else:
             raise ValueError("a prompt dict needs 'prompt_token_ids' (or 'prompt' text)")
     if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("the prompt is empty")
         if tokenizer is None:
             raise ValueError("the prompt is text but the model has no tokenizer.json: "
                              "pass token ids")
-        if not prompt:
-            raise ValueError("the prompt is empty")
         ids = tokenizer.encode(prompt)
         if not ids:
             raise ValueError("the prompt encodes to no tokens")

@@ -112,6 +112,10 @@ class LLMEngine:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.n > self.scheduler.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds max_num_seqs={self.scheduler.max_num_seqs}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer (the model has no tokenizer.json)")
         mc = self.model_config
         text, ids = parse_prompt(prompt, self.tokenizer, mc.vocab_size)
         n_prompt = int(ids.shape[0])
@@ -126,10 +130,6 @@ class LLMEngine:
             raise ValueError(f"a sequence of {n_prompt + max_tokens} tokens needs {pages} KV "
                              f"pages, the pool has {self.manager.total_blocks()} "
                              f"(kv_cache_pages)")
-        if params.n > self.scheduler.max_num_seqs:
-            raise ValueError(f"n={params.n} exceeds max_num_seqs={self.scheduler.max_num_seqs}")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer (the model has no tokenizer.json)")
         req = Request(request_id, text, ids, params, max_tokens,
                       StopChecker(params, mc.eos_token_ids, max_tokens))
         rngs = self._rngs(params)
