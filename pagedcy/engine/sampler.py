@@ -48,23 +48,27 @@ def candidates(row, params):
     of logits ``row`` after temperature, min-p (with :data:`PROB_FLOOR`), top-k and
     top-p, in a deterministic order."""
     t = params.temperature
-    top = row.max()
     thr = max(params.min_p, PROB_FLOOR)
+    k = params.top_k
+    V = row.shape[0]
+    bound = None
+    if 0 < k and 16 * k <= V:
+        # The maxima of k disjoint blocks are k tokens, so the k-th largest logit is at
+        # least their minimum; the same pass gives the row's maximum.
+        n = V - V % k
+        bm = row[:n].reshape(k, -1).max(axis=1)
+        top = max(bm.max(), row[n:].max()) if n < V else bm.max()
+        bound = bm.min()
+    else:
+        top = row.max()
     # p >= thr * p_max  <=>  logit >= top + t * log(thr); float32, so no upcast of the row
-    ids = np.flatnonzero(row >= np.float32(top + t * np.log(thr)))
-    if 2 * ids.shape[0] > row.shape[0]:
+    floor = np.float32(top + t * np.log(thr))
+    ids = np.flatnonzero(row >= (floor if bound is None else max(floor, bound)))
+    if 2 * ids.shape[0] > V:
         ids, x, mask = None, row, True      # most survive: cheaper to zero the rest later
     else:
         x, mask = row[ids], False
-    k = params.top_k
     if 0 < k < x.shape[0]:
-        if x.shape[0] >= 16 * k:
-            # The maxima of k disjoint blocks are k tokens, so the k-th largest logit is at
-            # least their minimum: a cheap pass that leaves few candidates to partition.
-            n = x.shape[0] - x.shape[0] % k
-            pre = np.flatnonzero(x >= x[:n].reshape(k, -1).max(axis=1).min())
-            ids = pre if ids is None else ids[pre]
-            x = x[pre]
         sel = np.sort(np.argpartition(x, -k)[-k:])
         ids = sel if ids is None else ids[sel]
         x = x[sel]
