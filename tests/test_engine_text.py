@@ -221,3 +221,22 @@ def test_half_precision_kv_cache(ckpt, kv_dtype):
     # float32 activations and K/V rounded once, so it agrees
     assert [o.outputs[0].token_ids[0] for o in outs] == [o.outputs[0].token_ids[0] for o in ref]
     assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
+
+
+def test_progress_bar_only_on_a_terminal(llm, monkeypatch):
+    pytest.importorskip("tqdm")
+    import io
+
+    class Term(io.StringIO):
+        def __init__(self, tty):
+            super().__init__()
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+    for tty, use, shown in ((True, True, True), (False, True, False), (True, False, False)):
+        err = Term(tty)
+        monkeypatch.setattr(sys, "stderr", err)
+        llm.generate(["a", "b"], SamplingParams(max_tokens=2), use_tqdm=use)
+        assert ("Processed prompts" in err.getvalue()) == shown
