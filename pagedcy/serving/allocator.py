@@ -15,6 +15,9 @@ from pagedcy.errors import PoolExhaustedError
 
 __all__ = ["BlockAllocator"]
 
+_NONE = np.zeros(0, dtype=np.intp)
+_NONE.flags.writeable = False
+
 
 class BlockAllocator:
     """Takes and releases pages of ``pool`` for a manager.
@@ -140,8 +143,13 @@ class BlockAllocator:
         """
         pool = self._pool
         n = pages.shape[0]
-        if n <= 4:       # a single-token write: skip copying the whole refcount array
-            rc = np.fromiter((pool.ref_count(p) for p in pages.tolist()), np.int32, n)
+        if n <= 8:
+            # a write within a few pages (the common case): no NumPy unless a page is shared
+            pl = pages.tolist()
+            cache = self._cache
+            if not any(pool.ref_count(p) > 1 or p in cache for p in pl):
+                return _NONE, []
+            rc = np.array([pool.ref_count(p) for p in pl], dtype=np.int32)
         else:
             rc = pool.ref_counts()[pages]
         cached = self._cache.cached_mask(pages)

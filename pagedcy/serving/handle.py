@@ -126,10 +126,7 @@ class HandleTable:
         return len(self._by_id)
 
     def __contains__(self, request_id):
-        try:
-            return request_id in self._by_id
-        except TypeError:
-            return False
+        return request_id in self._by_id
 
     def values(self):
         """Live handles in allocation order (a list)."""
@@ -163,7 +160,8 @@ class HandleTable:
         if isinstance(h, PagedKVCacheHandle):
             if h._mgr is not self._owner:
                 raise ValueError("handle belongs to another manager")
-            h._check()
+            if not h._alive:
+                h._check()
             return h
         try:
             return self._by_id[h]

@@ -6,13 +6,18 @@ writes, single rows, ranges, one row per sequence, engine-step slots and attenti
 its own and works on the manager's store, handles, allocator and prefix cache under the
 manager's lock.
 """
+import operator
+
 import numpy as np
 
 from pagedcy import _validate
 from pagedcy._libs._manager_ops import build_block_table, write_token_rows
+from pagedcy.serving.handle import PagedKVCacheHandle
 from pagedcy.serving.step import check_q_lens, step_slots
 
 __all__ = ["KVAccess", "attention_kernel"]
+
+_num_tokens = operator.attrgetter("_num_tokens")
 
 
 def attention_kernel():
@@ -45,13 +50,14 @@ class KVAccess:
     # -- K/V data ---------------------------------------------------------------------
     def _own(self, hs, seq, blk, pages):
         """Copy-on-write before writing block ``blk[i]`` (page ``pages[i]``) of
-        ``hs[seq[i]]``: see :meth:`BlockAllocator.make_private`. Returns ``(indices,
-        new_pages)`` of the entries that were copied."""
+        ``hs[seq[i]]`` (``seq`` None: every entry is ``hs[0]``'s): see
+        :meth:`BlockAllocator.make_private`. Returns ``(indices, new_pages)`` of the
+        entries that were copied."""
         idx, new = self._p.allocator.make_private(pages)
         if new:
             changed = {}
             for i, q in zip(idx.tolist(), new):
-                s = int(seq[i])
+                s = 0 if seq is None else int(seq[i])
                 if s not in changed:
                     changed[s] = list(hs[s]._blocks)
                 changed[s][blk[i]] = q
@@ -68,8 +74,7 @@ class KVAccess:
                              f"the blocks of {h.request_id!r}")
         if n:
             first, last = start // self.page_size, (start + n - 1) // self.page_size
-            blk = np.arange(first, last + 1)
-            self._own([h], np.zeros_like(blk), blk, h.block_table()[first:last + 1])
+            self._own([h], None, range(first, last + 1), h.block_table()[first:last + 1])
         return layer
 
     def write_kv(self, handle, layer, position, key, value):
@@ -155,7 +160,7 @@ class KVAccess:
     # -- engine step ----------------------------------------------------------------------
     def _step(self, handles, q_lens):
         hs = self._p.handles.resident_batch(handles, "step")
-        kv = np.fromiter((h._num_tokens for h in hs), np.int64, len(hs))
+        kv = np.array(list(map(_num_tokens, hs)), dtype=np.int64)
         return hs, check_q_lens(q_lens, hs, kv), kv
 
     def prepare_step(self, handles, q_lens):
@@ -163,7 +168,7 @@ class KVAccess:
         ps = self.page_size
         with self._p.lock:
             hs, ql, kv = self._step(handles, q_lens)
-            tables, _ = self._tables(hs)
+            tables = self._tables(hs)
             first = (kv - ql) // ps
             nblk = (kv - 1) // ps - first + 1
             seq = np.repeat(np.arange(len(hs)), nblk)
@@ -182,16 +187,17 @@ class KVAccess:
                     self._written(h, layers, n - q, n)
 
     # -- attention ----------------------------------------------------------------------
-    def _tables(self, hs):
-        tabs = [h.block_table() for h in hs]
-        width = max((t.shape[0] for t in tabs), default=0) or 1
-        return build_block_table(tabs, width), \
-            np.fromiter((h._num_tokens for h in hs), np.int32, len(hs))
+    @staticmethod
+    def _tables(hs):
+        """Zero-padded int32 ``[B, max blocks]`` block tables of handles ``hs``."""
+        tabs = list(map(PagedKVCacheHandle.block_table, hs))
+        return build_block_table(tabs, max(map(len, tabs), default=0) or 1)
 
     def batch_tables(self, handles):
         """:meth:`PagedKVCacheManager.batch_tables`."""
         with self._p.lock:
-            return self._tables([self._p.handles.resident(h) for h in handles])
+            hs = [self._p.handles.resident(h) for h in handles]
+            return self._tables(hs), np.array(list(map(_num_tokens, hs)), dtype=np.int32)
 
     def attention(self, layer, query, handles, q_lens=None, **kernel_options):
         """:meth:`PagedKVCacheManager.attention`."""

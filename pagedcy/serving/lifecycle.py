@@ -76,6 +76,8 @@ class SequenceLifecycle:
         return self._grow(self._p.handles.resident(handle), _validate.check_count(n, "n"))
 
     def _grow(self, h, n):
+        if not n:
+            return []          # keep the handle's cached block table
         self._p.allocator.need(n)
         pages = self._p.allocator.take(n)
         h._set_blocks(h._blocks + pages)

@@ -1,13 +1,18 @@
 """Many sequences over one page pool: handles, prefix caching, copy-on-write fork, swap.
 
-:class:`PagedKVCacheManager` composes small parts that each own their state, the way
-``numpy.random.Generator`` wraps a ``BitGenerator``: a
+:class:`PagedKVCacheManager` is a thin, locked front over small parts that each own
+their state, the way ``numpy.random.Generator`` wraps a ``BitGenerator``
+(:class:`~pagedcy.serving.parts.ManagerParts` bundles them): a
 :class:`~pagedcy.serving.allocator.BlockAllocator` (the pool plus the evictable LRU), a
 :class:`~pagedcy.serving.prefix.PrefixCache` (chained page hashes), an optional
 :class:`~pagedcy.serving.swap.SwapSpace`, a :class:`~pagedcy.serving.handle.HandleTable`
-and a :class:`~pagedcy.serving.pressure.PressureMonitor`. Pages are the blocks:
-``block_size() == config.page_size`` and a page holds that many tokens of K and V for
-every layer.
+(the live :class:`PagedKVCacheHandle` objects) and :class:`~pagedcy.serving.stats.Counters`.
+Two coordinators work on them: :class:`~pagedcy.serving.lifecycle.SequenceLifecycle`
+(allocate, extend, fork, swap, release) and :class:`~pagedcy.serving.kv_access.KVAccess`
+(K/V writes and reads with copy-on-write, engine-step slots, attention); a
+:class:`~pagedcy.serving.pressure.PressureMonitor` reports memory pressure. Pages are the
+blocks: ``block_size() == config.page_size`` and a page holds that many tokens of K and V
+for every layer.
 
 Page ownership (the invariant :meth:`PagedKVCacheManager.check_invariants` checks): a
 free page has refcount 0; a page held by handles has refcount == the number of handles
@@ -19,8 +24,6 @@ All metadata changes happen under one ``threading.RLock`` per manager; bulk copi
 the attention kernel run without the GIL, so threads overlap. A handle must not be used
 by one thread while another deallocates, forks or swaps that same handle.
 """
-import contextlib
-
 import numpy as np
 
 from pagedcy import _validate
@@ -37,6 +40,26 @@ from pagedcy.serving.step import StepSlots
 
 __all__ = ["AllocationRequest", "PagedKVCacheHandle", "PagedKVCacheManager", "MemoryPressure",
            "CacheStats", "StepSlots", "paged_attention"]
+
+
+class _ChangeGuard:
+    """``with guard:`` holds the manager lock for a change, then reports a pressure change
+    outside the lock (not when the change raised). A class, not a generator: it runs on
+    every allocation and extension."""
+
+    __slots__ = ("_lock", "_notify")
+
+    def __init__(self, lock, notify):
+        self._lock = lock
+        self._notify = notify
+
+    def __enter__(self):
+        self._lock.acquire()
+
+    def __exit__(self, exc_type, exc, tb):
+        self._lock.release()
+        if exc_type is None:
+            self._notify()
 
 
 class PagedKVCacheManager:
@@ -72,6 +95,7 @@ class PagedKVCacheManager:
         self._alloc, self._swap, self._handles = p.allocator, p.swap, p.handles
         self._life = SequenceLifecycle(p)
         self._kv = KVAccess(p)
+        self._change = _ChangeGuard(self._lock, self._notify)
 
     # -- geometry / accounting --------------------------------------------------
     def block_size(self):
@@ -154,13 +178,6 @@ class PagedKVCacheManager:
         ``None`` removes it."""
         self._pressure.set_callback(fn)
 
-    @contextlib.contextmanager
-    def _changing(self):
-        """Hold the lock for a change, then report a pressure change (not on error)."""
-        with self._lock:
-            yield
-        self._notify()
-
     def _notify(self):
         with self._lock:
             used = self._alloc.used()
@@ -192,27 +209,27 @@ class PagedKVCacheManager:
         Raises PoolExhaustedError (nothing changed) when pages run out, ValueError for a
         request_id already in use, TypeError for a non-request.
         """
-        with self._changing():
+        with self._change:
             return self._life.allocate(request)
 
     def allocate_blocks(self, handle, n):
         """Append ``n`` fresh blocks to ``handle``; returns their page ids (list).
         All or nothing: PoolExhaustedError leaves the handle and the pool unchanged."""
-        with self._changing():
+        with self._change:
             return self._life.allocate_blocks(handle, n)
 
     def extend(self, handle, additional_tokens):
         """Grow ``handle`` by ``additional_tokens`` tokens (``num_tokens()`` included),
         allocating blocks as needed; returns the new page ids. All or nothing
         (PoolExhaustedError); ValueError past ``max_sequence_length``."""
-        with self._changing():
+        with self._change:
             return self._life.extend(handle, additional_tokens)
 
     def deallocate(self, handle_or_request_id):
         """Release a sequence: its pages lose one reference each (prefix-cached pages whose
         last holder this was become evictable), swap pages are freed. KeyError for an
         unknown request id, ValueError for a handle already deallocated."""
-        with self._changing():
+        with self._change:
             self._life.deallocate(handle_or_request_id)
 
     def fork(self, handle, request_id=None):
@@ -225,21 +242,21 @@ class PagedKVCacheManager:
     def reset_prefix_cache(self):
         """Forget every cached hash; evictable pages go back to the free list. Pages still
         held by handles stay, unhashed. Returns the number of pages freed."""
-        with self._changing():
+        with self._change:
             return self._life.reset_prefix_cache()
 
     def swap_out(self, handle):
         """Copy the sequence's pages to the swap pool and release its primary pages.
         PoolExhaustedError if the swap pool is too small (nothing changes), ValueError
         without swap space or if already swapped out."""
-        with self._changing():
+        with self._change:
             self._life.swap_out(handle)
 
     def swap_in(self, handle):
         """Bring a swapped-out sequence back into fresh primary pages (bit-exact), freeing
         its swap pages. PoolExhaustedError (nothing changes) if the primary pool lacks
         room, ValueError if the handle is not swapped out."""
-        with self._changing():
+        with self._change:
             self._life.swap_in(handle)
 
     def swap_free_blocks(self):
