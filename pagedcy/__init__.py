@@ -46,3 +46,23 @@ try:  # the multi-sequence layer needs the attention kernel for attention, not t
                 "PagedAttentionExecutor", "PagedExecutorConfig", "PrefillOutput"]
 except ImportError:  # pragma: no cover - _manager_ops missing from a partial build
     pass
+
+# The LLM engine is loaded on first use (``pagedcy.LLM``): ``import pagedcy`` stays
+# NumPy-only, and the engine itself imports tokenizers/safetensors only when it loads a
+# checkpoint.
+_ENGINE_NAMES = ("LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput",
+                 "EngineStats")
+__all__ += list(_ENGINE_NAMES)
+
+
+def __getattr__(name):
+    if name in _ENGINE_NAMES:
+        import pagedcy.engine as _engine
+        value = getattr(_engine, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pagedcy' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_ENGINE_NAMES))
