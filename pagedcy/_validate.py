@@ -83,6 +83,20 @@ def index_array(x, name, upper):
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
+def int32_array(x, name, shape):
+    """``x`` as a C-contiguous int32 array of ``shape`` (a tuple; -1 matches any length).
+
+    TypeError for a non-integer dtype, ValueError for another number of dimensions or a
+    mismatched length, or for values that do not fit int32 (checked before narrowing).
+    """
+    arr = int_array(x, name)
+    if arr.ndim != len(shape) or any(w >= 0 and g != w for g, w in zip(arr.shape, shape)):
+        want = "[" + ", ".join("?" if w < 0 else str(w) for w in shape) + "]"
+        raise ValueError(f"{name} must have shape {want}, got {list(arr.shape)}")
+    if arr.dtype != np.int32 and arr.size and (arr.min() < -2**31 or arr.max() >= 2**31):
+        raise ValueError(f"{name} holds values outside int32")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
 def token_id_array(x, name):
     """``x`` as a NumPy array of token ids: an integer dtype, or empty. An empty list
     arrives as float64 and passes (lengths are checked by the caller); any other

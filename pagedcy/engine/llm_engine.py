@@ -22,13 +22,6 @@ __all__ = ["LLMEngine"]
 _PREEMPTION_MODES = ("recompute", "swap")
 
 
-def _positive(value, name):
-    v = _validate.as_int(value, name)
-    if v < 1:
-        raise ValueError(f"{name} must be at least 1, got {v}")
-    return v
-
-
 class LLMEngine:
     """Continuous-batching generation over one checkpoint and one paged KV cache.
 
@@ -282,10 +275,10 @@ def _check_options(*, kv_cache_pages=None, page_size=16, kv_dtype="float32", max
                    max_num_batched_tokens=2048, enable_prefix_cache=True, seed=0,
                    preemption_mode="recompute", swap_pages=0):
     if kv_cache_pages is not None:
-        _positive(kv_cache_pages, "kv_cache_pages")
-    _positive(page_size, "page_size")
-    _positive(max_num_seqs, "max_num_seqs")
-    _positive(max_num_batched_tokens, "max_num_batched_tokens")
+        _validate.check_positive(kv_cache_pages, "kv_cache_pages")
+    _validate.check_positive(page_size, "page_size")
+    _validate.check_positive(max_num_seqs, "max_num_seqs")
+    _validate.check_positive(max_num_batched_tokens, "max_num_batched_tokens")
     _validate.check_count(swap_pages, "swap_pages")
     _validate.check_count(seed, "seed")
     if not isinstance(kv_dtype, str):

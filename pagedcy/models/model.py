@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from pagedcy.config import PagedKVCacheConfig
+from pagedcy._validate import int32_array
 from pagedcy._libs._attention import batch_paged_attention
 from pagedcy._libs._layers import qkv_rope, rms_norm, silu_mul
 from pagedcy._libs._manager_ops import write_token_rows
@@ -18,20 +19,6 @@ __all__ = ["CausalLM"]
 
 # Positions past this are refused rather than growing the RoPE tables without bound.
 MAX_POSITION = 1 << 24
-
-
-def _i32(x, name, shape):
-    a = np.asarray(x)
-    if a.dtype.kind not in "iu":
-        raise TypeError(f"{name} must be an integer array, got dtype {a.dtype}")
-    if a.ndim != len(shape) or any(want >= 0 and got != want for got, want in zip(a.shape, shape)):
-        want = "[" + ", ".join("?" if w < 0 else str(w) for w in shape) + "]"
-        raise ValueError(f"{name} must have shape {want}, got {list(a.shape)}")
-    if a.dtype != np.int32:
-        if a.size and (a.min() < -2**31 or a.max() >= 2**31):
-            raise ValueError(f"{name} holds values outside int32")
-        a = a.astype(np.int32)
-    return np.ascontiguousarray(a)
 
 
 class CausalLM:
@@ -70,24 +57,24 @@ class CausalLM:
 
     def _check(self, token_ids, slots):
         """Validate one step's inputs; returns them as int32 C-contiguous arrays."""
-        ids = _i32(token_ids, "token_ids", (-1,))
+        ids = int32_array(token_ids, "token_ids", (-1,))
         n = ids.shape[0]
         if n == 0:
             raise ValueError("token_ids must not be empty")
         if ids.min() < 0 or ids.max() >= self.config.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.config.vocab_size})")
-        pos = _i32(slots.positions, "positions", (n,))
-        pages = _i32(slots.slot_pages, "slot_pages", (n,))
-        offs = _i32(slots.slot_offsets, "slot_offsets", (n,))
+        pos = int32_array(slots.positions, "positions", (n,))
+        pages = int32_array(slots.slot_pages, "slot_pages", (n,))
+        offs = int32_array(slots.slot_offsets, "slot_offsets", (n,))
         indptr = np.asarray(slots.qo_indptr)
         b = indptr.shape[0] - 1 if indptr.ndim == 1 else -1
         if b < 1:
             raise ValueError("qo_indptr must be 1-D with at least 2 entries")
-        indptr = _i32(indptr, "qo_indptr", (b + 1,))
+        indptr = int32_array(indptr, "qo_indptr", (b + 1,))
         if indptr[0] != 0 or indptr[-1] != n or np.any(np.diff(indptr) < 1):
             raise ValueError(f"qo_indptr must start at 0, end at {n} and give every sequence >= 1 row")
-        lens = _i32(slots.kv_lens, "kv_lens", (b,))
-        tables = _i32(slots.block_tables, "block_tables", (b, -1))
+        lens = int32_array(slots.kv_lens, "kv_lens", (b,))
+        tables = int32_array(slots.block_tables, "block_tables", (b, -1))
         q_lens = np.diff(indptr)
         if np.any(q_lens > lens) or lens.max() >= MAX_POSITION:
             raise ValueError(f"kv_lens must be >= each sequence's new tokens and < {MAX_POSITION}")

@@ -33,7 +33,8 @@ class PagedExecutorConfig:
     """Model shape of the executor (small defaults: a 256-token vocabulary, 2 layers,
     4 heads of 8 dims).
 
-    num_heads must be a multiple of num_kv_heads (GQA); all sizes positive (ValueError).
+    num_heads must be a multiple of num_kv_heads (GQA); all sizes are positive integers
+    (ValueError for a size < 1, TypeError for a bool, float or other non-integer).
     """
 
     vocab_size: int = 256
@@ -46,9 +47,7 @@ class PagedExecutorConfig:
     def __post_init__(self):
         for f in ("vocab_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                   "max_sequence_length"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-                raise ValueError(f"{f} must be a positive integer, got {v!r}")
+            _validate.check_positive(getattr(self, f), f)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads "
                              f"{self.num_kv_heads}")
