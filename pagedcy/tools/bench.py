@@ -209,6 +209,9 @@ def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=
 
 
 def finish_row(row, bw):
+    """Fill a benchmark row's derived columns in place from its best time: ``ms``, ``rate``
+    and ``unit`` (GB/s of page bytes read for decode, GFLOP/s for prefill) and ``pct_bw``
+    (decode rate as a percentage of ``bw[threads]``, the measured read bandwidth in GB/s)."""
     t = min(row["times"])
     row["ms"] = t * 1e3
     if row["kind"] == "decode":
@@ -270,6 +273,9 @@ def paired_ratio(fn_a, fn_b, repeats):
 
 
 def format_table(rows, bw, bw_start=None):
+    """The result table as text: one line per finished row (time, rate, % of read bandwidth,
+    speed-up over NumPy and torch), then the read bandwidth per thread count (``bw``, GB/s)
+    and, when given, the bandwidth measured at the start (``bw_start``)."""
     head = f"{'case':<34}{'thr':>4}{'time ms':>10}{'rate':>16}{'% of bw':>9}{'x numpy':>9}{'x torch':>9}"
     lines = [head, "-" * len(head)]
     for r in rows:

@@ -20,6 +20,7 @@ def _generate(args):
 
 
 def main(argv=None):
+    """Run ``python -m pagedcy`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     parser = argparse.ArgumentParser(prog="python -m pagedcy", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="print the build configuration (show_config)")
