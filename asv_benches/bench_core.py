@@ -9,6 +9,7 @@ import numpy as np
 
 import pagedcy
 from pagedcy import EvictionPolicy, PagedKVCache, PagedKVCacheConfig, PagePool, PageTable
+from pagedcy.tools.bench import best_time
 
 
 def _config(n_tokens, dtype="float32", eviction=EvictionPolicy.NONE, page_size=16):
@@ -150,10 +151,4 @@ class BulkAppendGather:
 
 
 def _best_gbps(fn, nbytes, repeats=7):
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return nbytes / best / 1e9
+    return nbytes / best_time(fn, repeats) / 1e9

@@ -25,14 +25,12 @@ def main(argv=None):
                     help="temperature 0.8, top_p 0.95, top_k 50, seeded (default greedy)")
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args(argv)
-    from threadpoolctl import threadpool_info
-    from step_overhead import cpu_model      # run as a script from asv_benches/
     from pagedcy.engine import LLMEngine, SamplingParams
     from pagedcy.models import write_random_checkpoint
+    from pagedcy.tools.bench import blas_description
+    from pagedcy.tools.info import cpu_description
 
-    print(f"CPU: {cpu_model()}; BLAS: " + ", ".join(
-        f"{i.get('internal_api')} {i.get('architecture', '')} x{i.get('num_threads')}"
-        for i in threadpool_info() if i.get("user_api") == "blas"))
+    print(f"CPU: {cpu_description()}; BLAS: {blas_description()}")
     with tempfile.TemporaryDirectory() as d:
         write_random_checkpoint(d, "LlamaForCausalLM", vocab_size=32000, hidden_size=512,
                                 num_hidden_layers=8, num_attention_heads=8,

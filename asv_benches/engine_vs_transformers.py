@@ -25,14 +25,13 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import torch
     import transformers
-    from threadpoolctl import threadpool_info, threadpool_limits
-    from step_overhead import cpu_model      # run as a script from asv_benches/
+    from threadpoolctl import threadpool_limits
     from pagedcy.engine import LLM, SamplingParams
     from pagedcy.models import write_random_checkpoint
+    from pagedcy.tools.bench import blas_description
+    from pagedcy.tools.info import cpu_description
 
-    print(f"CPU: {cpu_model()}; BLAS: " + ", ".join(
-        f"{i.get('internal_api')} {i.get('architecture', '')}"
-        for i in threadpool_info() if i.get("user_api") == "blas") + f"; {a.threads} threads")
+    print(f"CPU: {cpu_description()}; BLAS: {blas_description()}; {a.threads} threads")
     prompts = np.random.default_rng(0).integers(10, 32000, (a.seqs, a.prompt))
     with tempfile.TemporaryDirectory() as d, threadpool_limits(a.threads):
         write_random_checkpoint(d, "LlamaForCausalLM", vocab_size=32000, hidden_size=512,

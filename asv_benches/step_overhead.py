@@ -17,17 +17,9 @@ import numpy as np
 from pagedcy import PagedKVCacheConfig
 from pagedcy._libs._manager_ops import write_token_rows
 from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
+from pagedcy.tools.info import cpu_description
 
 LAYERS, KVH, HD, PS = 2, 8, 128, 16
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-        import platform
-        return platform.processor() or platform.machine()
 
 
 def manager(pages):
@@ -104,7 +96,7 @@ def main(argv=None):
         for name, ((step_api, per_layer), reps) in cases.items():
             res[name][0] = min(res[name][0], best(step_api, reps))
             res[name][1] = min(res[name][1], best(per_layer, reps))
-    print(f"{cpu_model()}; best of {a.rounds} interleaved rounds")
+    print(f"{cpu_description()}; best of {a.rounds} interleaved rounds")
     for name, (s, p) in res.items():
         print(f"{name}: step API {s * 1e6:.0f} us, per-layer calls {p * 1e6:.0f} us "
               f"({p / s:.2f}x)")

@@ -38,6 +38,18 @@ def _median_time(fn, repeats):
     return float(np.median(ts))
 
 
+def best_time(fn, repeats):
+    """Least seconds of ``repeats`` calls of ``fn`` after one warm-up call (for copy
+    throughput, where the fastest run is the one the least disturbed)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def _to_storage(x, dtype):
     if dtype == "float32":
         return x
