@@ -272,7 +272,8 @@ def test_forward_reuses_buffers_and_grows(ckpt):
 
 def test_profile_accounts_for_every_part(ckpt, capsys):
     """The forward profiler's parts add up to the instrumented time and restore the module."""
-    from pagedcy.models import model as model_mod, profile
+    from pagedcy.models import model as model_mod
+    from pagedcy.tools import profile_model as profile
 
     model = load_model(ckpt)
     saved = model_mod.batch_paged_attention

@@ -1,4 +1,4 @@
-"""Where a forward pass spends its time: ``python -m pagedcy.models.profile``.
+"""Where a forward pass spends its time: ``python -m pagedcy.tools.profile_model``.
 
 Writes the benchmark model (a Llama with hidden 512, 8 layers, 8 query / 2 KV heads,
 intermediate 1408, vocab 32000) with write_random_checkpoint, then times one prefill forward
@@ -17,6 +17,8 @@ import types
 import numpy as np
 
 from pagedcy.models import load_model, model as _model, write_random_checkpoint
+from pagedcy.tools.bench import blas_description
+from pagedcy.tools.info import cpu_description
 
 BENCH_CONFIG = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
                     num_key_value_heads=2, intermediate_size=1408, vocab_size=32000,
@@ -129,13 +131,7 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
-    try:
-        from threadpoolctl import threadpool_info
-        blas = [(i.get("internal_api"), i.get("architecture"), i.get("num_threads"))
-                for i in threadpool_info() if i.get("user_api") == "blas"]
-    except ImportError:
-        blas = "threadpoolctl not installed"
-    print(f"BLAS: {blas}")
+    print(f"CPU: {cpu_description()}; BLAS: {blas_description()}")
     with tempfile.TemporaryDirectory() as d:
         write_random_checkpoint(d, tokenizer=False, **BENCH_CONFIG)
         model = load_model(d, num_threads=args.threads)
