@@ -52,6 +52,9 @@ def test_leak_check_sees_a_held_page(ckpt):
     eng.add_request("held", "hello there", SamplingParams(max_tokens=5))
     eng.step()
     assert not demo.leak_check(eng)
+    assert demo.leak_report(eng) == "still held: num_handles 1, used_blocks 1"
+    eng.abort_request("held")
+    assert demo.leak_report(eng) == ""
 
 
 def test_spot_check_catches_a_wrong_answer(ckpt):

@@ -7,6 +7,7 @@ import pytest
 from engine_helpers import ToyModel
 from pagedcy.engine import EngineStats, LLMEngine, RequestOutput, SamplingParams
 from pagedcy.engine.sampler import log_softmax
+from pagedcy.tools.demo import leak_report
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
@@ -45,12 +46,7 @@ def run(engine, requests, between=None):
 
 
 def assert_no_leak(engine):
-    mgr = engine.manager
-    mgr.check_invariants()
-    s = mgr.stats()
-    assert s.used_blocks == 0 and s.num_handles == 0 and s.swap_used_blocks == 0
-    mgr.reset_prefix_cache()
-    assert mgr.pool.free_count() == mgr.total_blocks()
+    assert leak_report(engine) == ""
 
 
 def random_prompts(seed, n, lo=1, hi=30, vocab=64, prefix=0):

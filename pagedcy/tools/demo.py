@@ -97,19 +97,27 @@ def spot_check(path, prompts, params, outputs, num_threads, k=3):
     return len(pick), bad
 
 
-def leak_check(engine):
-    """True when every page is back: no handle, no held or swapped page, invariants hold,
-    and dropping the prefix cache empties the pool."""
+def leak_report(engine):
+    """What an idle engine's KV cache still holds, as text ("" when every page is back):
+    a broken manager invariant, live handles, held or swapped pages, or pages neither free
+    nor held once the prefix cache is dropped (which this does)."""
     mgr = engine.manager
     try:
         mgr.check_invariants()
-    except AssertionError:
-        return False
+    except AssertionError as e:
+        return f"manager invariant broken: {e}"
     s = mgr.stats()
-    if s.used_blocks or s.num_handles or s.swap_used_blocks:
-        return False
+    held = {k: s[k] for k in ("num_handles", "used_blocks", "swap_used_blocks") if s[k]}
+    if held:
+        return "still held: " + ", ".join(f"{k} {v}" for k, v in held.items())
     mgr.reset_prefix_cache()
-    return mgr.pool.free_count() == mgr.total_blocks()
+    lost = mgr.total_blocks() - mgr.pool.free_count()
+    return f"{lost} pages neither free nor held" if lost else ""
+
+
+def leak_check(engine):
+    """True when every page is back (:func:`leak_report` is empty)."""
+    return not leak_report(engine)
 
 
 def run(args, tmpdir):
