@@ -1,7 +1,10 @@
-"""One-for-one Python twins of the reference design's tests (same names, same assertions).
+"""Specification tests of the single-sequence core (PagePool, PageTable, PagedKVCache):
+exact page ids, token counts and stored floats for append/gather round trips, page
+allocation and LIFO reuse, reset, page boundaries, memory accounting, exhaustion
+(PoolExhaustedError) and table lookups.
 
-The reference design fills caller-owned float buffers in gather_*; here those buffers are
-1-D float32 ``dst`` arrays, which the core must fill in place.
+gather_* fill caller-owned buffers: here 1-D float32 ``dst`` arrays, which the core must
+fill in place.
 """
 import numpy as np
 import pytest
@@ -11,7 +14,7 @@ from pagedcy import (EvictionPolicy, PagedKVCache, PagedKVCacheConfig, PagePool,
 
 
 def cache_with_token(max_pages):
-    """A fresh cache and the constant token the reference tests append (K ones, V twos)."""
+    """A fresh cache and the constant token these tests append (K ones, V twos)."""
     config = make_config(max_pages)
     k = np.full(config.kv_dim(), 1.0, np.float32)
     return PagedKVCache(config), k, k * 2
@@ -130,7 +133,7 @@ def test_paged_non_multiple_gather_kv():
 
     for step in range(seq_len):
         for layer in range(2):
-            # f32 arithmetic like the reference design, so the stored values are the same floats.
+            # every step in float32, so the expected values are exactly the stored floats
             k = np.array([np.float32(step) * np.float32(10.0) + np.float32(layer)
                           + np.float32(i) * np.float32(0.1) for i in range(kv_dim)], np.float32)
             v = k + np.float32(0.5)
@@ -152,7 +155,7 @@ def test_paged_memory_accounting():
     assert cache.used_memory_bytes() == 0
 
 
-def test_paged_no_eviction_panics_on_exhaustion():
+def test_paged_no_eviction_raises_on_exhaustion():
     cache, k, v = cache_with_token(1)
     append_same_token(cache, k, v, times=4)
 
