@@ -123,14 +123,15 @@ def leak_check(engine):
 def run(args, tmpdir):
     """Build, serve, check; returns (summary dict, ok)."""
     from pagedcy.engine import LLM
+    from pagedcy.engine.tokenizer import load_tokenizer
     quick = args.quick
     n = args.requests if args.requests is not None else (48 if quick else 200)
     threads = getattr(args, "threads", None)
     path = build_checkpoint(tmpdir, quick)
     prompts, params = workload(n, args.seed, quick)
     page_size, max_num_seqs = 16, 32
-    probe = LLM(path, kv_cache_pages=1, num_threads=threads)
-    tokens = [probe.get_tokenizer().encode(p) for p in prompts]
+    tokenizer = load_tokenizer(path)           # prompt lengths size the pool
+    tokens = [tokenizer.encode(p) for p in prompts]
     pages = pool_pages(tokens, params, page_size, max_num_seqs)
     llm = LLM(path, kv_cache_pages=pages, page_size=page_size, max_num_seqs=max_num_seqs,
               max_num_batched_tokens=512, preemption_mode="swap", swap_pages=pages // 10,
