@@ -5,7 +5,8 @@ head_dim 128, pages in random order.
 """
 import numpy as np
 
-from pagedcy._libs._attention import batch_paged_attention, simd_level
+from pagedcy._libs._attention import (_batch_paged_attention_tuned, batch_paged_attention,
+                                      simd_level)
 from pagedcy.tools.bench import _median_time, make_decode, numpy_reference, paired_ratio, torch_case
 from pagedcy._libs._bandwidth import read_bandwidth
 
@@ -85,8 +86,8 @@ class DecodeSimdLevel:
 
     def run(self):
         q, ind, pages, bt, lens = self.args
-        batch_paged_attention(q, ind, pages, 0, bt, lens, out=self.out, num_threads=2,
-                              _max_simd=self.simd)
+        _batch_paged_attention_tuned(q, ind, pages, 0, bt, lens, out=self.out, num_threads=2,
+                                     max_simd=self.simd)
 
     def time_decode(self, simd, dtype):
         self.run()
@@ -108,8 +109,8 @@ class DecodeFp16Speedup:
         self.simd = simd
 
     def _run(self, pages):
-        batch_paged_attention(self.q, self.ind, pages, 0, self.bt, self.lens, out=self.out,
-                              num_threads=2, _max_simd=self.simd)
+        _batch_paged_attention_tuned(self.q, self.ind, pages, 0, self.bt, self.lens, out=self.out,
+                                     num_threads=2, max_simd=self.simd)
 
     def track_fp16_speedup_over_fp32(self, simd):
         return paired_ratio(lambda: self._run(self.p32), lambda: self._run(self.p16), 9)

@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from pagedcy._libs._attention import batch_paged_attention, simd_level
+from pagedcy._libs._attention import (_batch_paged_attention_tuned, batch_paged_attention,
+                                      simd_level)
 from pagedcy._libs._threads import simd_path
 from pagedcy._libs._bandwidth import read_bandwidth
 from pagedcy.tools.info import huge_pages
@@ -175,8 +176,8 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_sim
     causal = kind == "prefill"
 
     def ours():
-        batch_paged_attention(q, indptr, pages, 0, bt, lens, out=out, causal=causal,
-                              num_threads=threads, _max_simd=max_simd)
+        _batch_paged_attention_tuned(q, indptr, pages, 0, bt, lens, out=out, causal=causal,
+                                     num_threads=threads, max_simd=max_simd)
     ours()                                # warm-up: page faults, thread start
     row = {"case": name, "threads": threads, "numpy": None, "torch": None,
            "ran_baselines": False, "run": ours, "times": [], "kind": kind, "nbytes": pages.nbytes,

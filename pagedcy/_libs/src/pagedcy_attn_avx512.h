@@ -118,7 +118,7 @@ PA_AVX512_INLINE __m256 pa_qk4x2_z(const float *q, int D, const char *kb0, const
 
 PA_AVX512_INLINE void pa_qk4_z(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,
                                float *S, pa_pfcur *pf, int flags, int dtype) {
-    const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2, rs = ks * es;
+    const int64_t es = pa_dtype_bytes(dtype), rs = ks * es;
     const int steps = (thi - tlo + 3) / 4 * (D / 16);
     const int per_step = pf ? (pa_pf_lines_left(pf) + steps - 1) / steps : 0;
     int t = tlo;
@@ -136,7 +136,7 @@ PA_AVX512_INLINE void pa_qk4_z(const float *q, int D, const void *K, int64_t ks,
 PA_AVX512_INLINE void pa_pv4_pass_z(float *O, int D, int d0, const float *alpha, const float *P,
                                     const void *V, int64_t vs, int tlo, int thi, pa_pfcur *pf,
                                     int pf_per_step, int flags, int NC, int dtype) {
-    const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2;
+    const int64_t es = pa_dtype_bytes(dtype);
     __m512 c[4][4];
     for (int r = 0; r < 4; r++) {
         const __m512 al = _mm512_set1_ps(alpha[r]);
@@ -269,21 +269,28 @@ PA_AVX512 static void pa_pv12_avx512(float *O, int D, const float *alpha, const 
     }
 }
 
+/* Decode entry points, same signatures as the AVX2 ones; 16-wide loads widen
+ * bf16 in order, so perm is never set here. */
 PA_AVX512 static void pa_qk4_avx512(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,
-                                    float *S, int Sld, pa_pfcur *pf, int flags, int dtype) {
-    (void)Sld;                       /* same signature as pa_qk4_avx2 */
-    if (dtype == PAGEDCY_F32) pa_qk4_z(q, D, K, ks, tlo, thi, S, pf, flags, PAGEDCY_F32);
-    else if (dtype == PAGEDCY_F16) pa_qk4_z(q, D, K, ks, tlo, thi, S, pf, flags, PAGEDCY_F16);
-    else pa_qk4_z(q, D, K, ks, tlo, thi, S, pf, flags, PAGEDCY_BF16);
+                                    float *S, int Sld, pa_pfcur *pf, int flags, int dtype, int perm) {
+    (void)Sld; (void)perm;
+    PA_DISPATCH_DTYPE(dtype, DT, pa_qk4_z(q, D, K, ks, tlo, thi, S, pf, flags, DT));
 }
 
 PA_AVX512 static void pa_pv4_avx512(float *O, int D, const float *alpha, const float *P, int Sld,
                                     const void *V, int64_t vs, int tlo, int thi, pa_pfcur *pf, int flags,
-                                    int dtype) {
-    (void)Sld;                       /* same signature as pa_pv4_avx2 */
-    if (dtype == PAGEDCY_F32) pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, PAGEDCY_F32);
-    else if (dtype == PAGEDCY_F16) pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, PAGEDCY_F16);
-    else pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, PAGEDCY_BF16);
+                                    int dtype, int perm) {
+    (void)Sld; (void)perm;
+    PA_DISPATCH_DTYPE(dtype, DT, pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, DT));
+}
+
+/* Packing and scaling are bandwidth-trivial: the AVX2 versions serve. */
+#define pa_pack_kt_avx512 pa_pack_kt_avx2
+#define pa_pack_row_avx512 pa_pack_row_avx2
+#define pa_scale_copy_avx512 pa_scale_copy_avx2
+static inline int pa_kv_perm_avx512(int dtype, int D, int packed, int flags) {
+    (void)dtype; (void)D; (void)packed; (void)flags;
+    return 0;
 }
 
 #endif /* AVX2 available */
