@@ -1,12 +1,23 @@
-"""KV storage dtypes: float32, float16 and bfloat16.
+"""KV storage dtypes: float32, float16, bfloat16 and int8.
 
 bfloat16 arrays use ``ml_dtypes.bfloat16`` when that package is installed and
 raw ``uint16`` bit patterns otherwise (the kernels read either the same way).
+
+int8 is symmetric quantization per (token, KV head): each head row of a page
+holds ``head_dim`` int8 values ``q`` followed by the row's float32 scale ``s``
+(4 bytes, native byte order), so a page array has ``head_dim + 4`` int8
+elements on its last axis and the row stands for ``q * s`` with
+``s = max|x| / 127``. Writes quantize (NaN stores 0, +-Inf saturate to +-127
+of the row's scale, which comes from the row's finite values only).
 """
 import numpy as np
 
 #: Names accepted for the KV storage dtype, mapped to the C dtype code used by the kernels.
-DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3}
+
+#: Bytes after the head_dim values of an int8 head row (its float32 scale).
+INT8_SCALE_BYTES = 4
+_SUPPORTED = "use float32, float16, bfloat16 or int8"
 
 
 def _ml_bfloat16():
@@ -18,7 +29,7 @@ def _ml_bfloat16():
 
 
 def normalize_dtype(dtype):
-    """Return the canonical storage-dtype name ('float32', 'float16' or 'bfloat16').
+    """Return the canonical storage-dtype name ('float32', 'float16', 'bfloat16' or 'int8').
 
     Accepts those names, NumPy dtypes/types (``np.float32``, ``np.float16``) and
     ``ml_dtypes.bfloat16``. Raises TypeError for anything else.
@@ -26,18 +37,18 @@ def normalize_dtype(dtype):
     if isinstance(dtype, str):
         name = dtype.lower()
         aliases = {"f32": "float32", "fp32": "float32", "f16": "float16", "fp16": "float16",
-                   "half": "float16", "bf16": "bfloat16"}
+                   "half": "float16", "bf16": "bfloat16", "i8": "int8"}
         name = aliases.get(name, name)
         if name in DTYPE_CODES:
             return name
-        raise TypeError(f"unsupported KV dtype {dtype!r}; use float32, float16 or bfloat16")
+        raise TypeError(f"unsupported KV dtype {dtype!r}; {_SUPPORTED}")
     try:
         d = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"unsupported KV dtype {dtype!r}; use float32, float16 or bfloat16") from None
+        raise TypeError(f"unsupported KV dtype {dtype!r}; {_SUPPORTED}") from None
     if d.name in DTYPE_CODES:
         return d.name
-    raise TypeError(f"unsupported KV dtype {d}; use float32, float16 or bfloat16")
+    raise TypeError(f"unsupported KV dtype {d}; {_SUPPORTED}")
 
 
 def storage_dtype(name):
@@ -57,5 +68,11 @@ def dtype_code(dtype):
 
 
 def itemsize(name):
-    """Bytes per stored value."""
-    return 4 if normalize_dtype(name) == "float32" else 2
+    """Bytes per stored element (int8: 1; its head rows also carry a scale)."""
+    return {"float32": 4, "int8": 1}.get(normalize_dtype(name), 2)
+
+
+def head_row_elems(name, head_dim):
+    """Stored elements of one (token, KV head) row: ``head_dim``, plus the scale's
+    ``INT8_SCALE_BYTES`` for int8."""
+    return head_dim + (INT8_SCALE_BYTES if normalize_dtype(name) == "int8" else 0)

@@ -17,6 +17,26 @@ def bf16_round(x):
     return r, back
 
 
+def quantize_int8(x):
+    """NumPy model of the int8 KV format: float32 ``[..., D]`` -> ``(rows int8 [..., D + 4],
+    dequantized float64 [..., D])``; each row is round(x / s) then its float32 scale
+    s = max|x| / 127 (finite values only; NaN stores 0, +-Inf +-127)."""
+    x = np.asarray(x, dtype=np.float32)
+    D = x.shape[-1]
+    a = np.abs(x)
+    amax = np.where(np.isfinite(a), a, np.float32(0)).max(axis=-1, keepdims=True)
+    scale = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+        y = np.rint(x * inv)
+    y = np.where(np.isinf(x), np.where(amax > 0, np.sign(x) * 127, 0), y)
+    y = np.clip(np.nan_to_num(y, nan=0.0), -127, 127).astype(np.int8)
+    rows = np.empty(x.shape[:-1] + (D + 4,), np.int8)
+    rows[..., :D] = y
+    rows[..., D:] = scale.view(np.int8)
+    return rows, y.astype(np.float64) * scale.astype(np.float64)
+
+
 def make_batch(rng, *, q_lens, kv_lens, num_heads, num_kv_heads, head_dim, page_size,
                num_layers=2, layer=1, dtype="float32", extra_pages=3, pad_cols=2, aligned=None):
     """Random paged batch. Unused page slots and unused block-table entries
@@ -26,7 +46,8 @@ def make_batch(rng, *, q_lens, kv_lens, num_heads, num_kv_heads, head_dim, page_
     arrays often do; None draws one of the two from ``rng``.
 
     Returns (query, qo_indptr, kv_pages, block_tables, kv_lens, K, V) where K/V
-    are per-sequence float64 [kv_len, Hkv, D] arrays of the values as stored.
+    are per-sequence float64 [kv_len, Hkv, D] arrays of the values as stored
+    (int8: dequantized; its pages have head_dim + 4 on the last axis).
     """
     B = len(q_lens)
     npages = [(n + page_size - 1) // page_size for n in kv_lens]
@@ -63,6 +84,11 @@ def make_batch(rng, *, q_lens, kv_lens, num_heads, num_kv_heads, head_dim, page_
         pages = bits
         Ks = [bf16_round(k)[1] for k in Ks]
         Vs = [bf16_round(v)[1] for v in Vs]
+    elif dtype == "int8":
+        # unused slots (NaN) become all-zero rows with scale 0
+        pages = quantize_int8(pages)[0]
+        Ks = [quantize_int8(k)[1] for k in Ks]
+        Vs = [quantize_int8(v)[1] for v in Vs]
     if aligned is None:
         aligned = bool(rng.integers(2))
     # a copy at a chosen distance past a 4 KiB boundary: 0, or 16 (not even 64-byte aligned)

@@ -17,7 +17,8 @@ from pagedcy._libs._bandwidth import read_bandwidth
 sys.path.insert(0, os.path.dirname(__file__))
 from attn_helpers import make_batch, reference  # noqa: E402
 
-TOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-3}
+# int8 is compared with the reference on its dequantized values: float32 accuracy
+TOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-3, "int8": 1e-5}
 # Instruction sets this machine runs, best first: a run_case without an
 # explicit max_simd checks each of them against the reference (the scalar
 # path has its own tests via max_simd=0).
@@ -118,8 +119,8 @@ def test_custom_scale():
 
 # --- storage dtypes -----------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("D", [64, 80, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])
+@pytest.mark.parametrize("D", [64, 80, 128, 20])
 def test_half_storage(dtype, D):
     rng = np.random.default_rng(D)
     run_case(rng, q_lens=[1, 1, 17], kv_lens=[5, 100, 40], H=8, Hkv=2, D=D, T=16, dtype=dtype)
@@ -127,7 +128,7 @@ def test_half_storage(dtype, D):
              max_simd=0)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int8"])
 def test_few_row_blocks(dtype):
     # 2..7 four-row blocks per KV head: read straight from the pool (no
     # packing), which for bf16 also means the permuted-unpack loads
@@ -216,7 +217,7 @@ def test_every_simd_level_on_the_headline_shape(level):
     if level > simd_level():
         pytest.skip(f"this CPU (or PAGEDCY_SIMD) stops at SIMD level {simd_level()}")
     rng = np.random.default_rng(40 + level)
-    for dtype in ("float32", "float16", "bfloat16"):
+    for dtype in ("float32", "float16", "bfloat16", "int8"):
         run_case(rng, q_lens=[1, 1, 1, 1], kv_lens=[16, 17, 31, 200], H=32, Hkv=8, D=128, T=16,
                  dtype=dtype, max_simd=level, num_threads=2)
 
@@ -428,7 +429,7 @@ def batches(draw):
                 window_left=draw(st.sampled_from([-1, -1, 0, 3, 17])),
                 soft_cap=draw(st.sampled_from([0.0, 0.0, 2.0])),
                 alibi=draw(st.booleans()),
-                dtype=draw(st.sampled_from(["float32", "float32", "float16", "bfloat16"])),
+                dtype=draw(st.sampled_from(["float32", "float32", "float16", "bfloat16", "int8"])),
                 chunk=draw(st.sampled_from([0, -1, 1, 16, 40])),
                 threads=draw(st.sampled_from([1, 2])),
                 simd=draw(st.sampled_from([0, 1, 2])),
@@ -474,7 +475,7 @@ def test_every_tuning_flag_matches_reference(name):
     # kernel variants, never the result: a decode batch, a prefill batch and
     # bf16 (whose AVX2 decode loads have their own lane order)
     rng = np.random.default_rng(len(name))
-    for dtype in ("float32", "bfloat16"):
+    for dtype in ("float32", "bfloat16", "int8"):
         for level in SIMD_LEVELS + [0]:
             run_case(rng, q_lens=[1, 40, 3], kv_lens=[90, 70, 33], H=8, Hkv=2, D=64, T=16,
                      dtype=dtype, num_threads=2, max_simd=level, flags=(name,))
@@ -487,7 +488,7 @@ def test_unknown_tuning_flag():
         tuned_attention(*good[:3], 1, *good[3:], flags=("no_such_flag",))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int8"])
 @pytest.mark.parametrize("aligned", [True, False])
 @pytest.mark.parametrize("Hkv, D", [(2, 64), (2, 80), (4, 128)])
 def test_prefetch_pattern_never_changes_results(dtype, aligned, Hkv, D):

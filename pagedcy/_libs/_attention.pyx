@@ -29,7 +29,7 @@ cdef extern from "pagedcy_attention.h":
         int64_t nitems, ngroups
         int64_t part_o_floats, part_lse_floats
         int64_t ws_floats
-    int PAGEDCY_F32, PAGEDCY_F16, PAGEDCY_BF16
+    int PAGEDCY_F32, PAGEDCY_F16, PAGEDCY_BF16, PAGEDCY_I8, PAGEDCY_I8_SCALE_BYTES
     int PAGEDCY_SIMD_AVX512
     enum:
         PA_TUNE_PF_L1
@@ -109,7 +109,10 @@ cdef int _kv_dtype_code(cnp.ndarray kv) except -1:
         return PAGEDCY_F16
     if dt.name == "bfloat16" or dt == np.uint16:
         return PAGEDCY_BF16
-    raise TypeError(f"kv_pages dtype must be float32, float16 or bfloat16 (or uint16 bf16 bits), got {dt}")
+    if dt == np.int8:
+        return PAGEDCY_I8
+    raise TypeError("kv_pages dtype must be float32, float16, bfloat16 (or uint16 bf16 bits) or int8, "
+                    f"got {dt}")
 
 
 cdef int _check_ragged(const int64_t[::1] ind, const int64_t[::1] lens, int64_t total_q,
@@ -204,7 +207,10 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     sequence ``b`` owns rows ``qo_indptr[b]:qo_indptr[b+1]``.
     qo_indptr: int ``[B+1]``, starts at 0, non-decreasing, ends at total_q.
     kv_pages: ``[max_pages, num_layers, 2, page_size, num_kv_heads, head_dim]``
-    C-contiguous float32 / float16 / bfloat16 (uint16 = bf16 bits).
+    C-contiguous float32 / float16 / bfloat16 (uint16 = bf16 bits), or int8
+    ``[..., num_kv_heads, head_dim + 4]``: each head row is head_dim int8 values
+    then its float32 scale (bytes), standing for values * scale (a store with
+    ``dtype="int8"`` writes them).
     layer: layer index. block_tables: int ``[B, max_pages_per_seq]`` page ids
     (only the first ``ceil(kv_len/page_size)`` of a row are read).
     kv_lens: int ``[B]``; each ``q_len <= kv_len``.
@@ -275,8 +281,11 @@ cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale,
     cdef int64_t Hkv = kv.shape[4]
     if kv.shape[2] != 2:
         raise ValueError(f"kv_pages axis 2 must have length 2 (K, V), got {kv.shape[2]}")
-    if kv.shape[5] != D:
-        raise ValueError(f"head_dim mismatch: query has {D}, kv_pages has {kv.shape[5]}")
+    # an int8 head row carries its scale after the head_dim values
+    cdef int64_t row = D + (PAGEDCY_I8_SCALE_BYTES if dtype_code == PAGEDCY_I8 else 0)
+    if kv.shape[5] != row:
+        raise ValueError(f"head_dim mismatch: query has {D}, so kv_pages' last axis must be {row}"
+                         f"{' (int8 values + a float32 scale)' if row != D else ''}, got {kv.shape[5]}")
     if T < 1 or Hkv < 1 or D < 1:
         raise ValueError(f"kv_pages has an empty page_size/num_kv_heads/head_dim: {kv_pages.shape}")
     if H < 1 or H % Hkv != 0:
@@ -313,8 +322,8 @@ cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale,
         P.qo_indptr = <const int64_t *>cnp.PyArray_DATA(ind64)
         P.kv = <const char *>cnp.PyArray_DATA(kv)
         P.dtype = dtype_code
-        P.page_stride = L * 2 * T * Hkv * D
-        P.layer_offset = lay * 2 * T * Hkv * D
+        P.page_stride = L * 2 * T * Hkv * row
+        P.layer_offset = lay * 2 * T * Hkv * row
         P.block_tables = <const int32_t *>cnp.PyArray_DATA(bt32)
         P.bt_stride = bt32.shape[1]
         P.kv_lens = <const int64_t *>cnp.PyArray_DATA(lens64)

@@ -10,7 +10,7 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
 
-from pagedcy._libs._store cimport KVPageStore, pagedcy_store_from_f32
+from pagedcy._libs._store cimport KVPageStore, pagedcy_kv_store
 
 cnp.import_array()
 
@@ -49,8 +49,8 @@ def write_token_rows(KVPageStore store, pages, offsets, layer, keys, values):
     cdef int code = store.pool.dtype_code
     with nogil:
         for i in range(n):
-            pagedcy_store_from_f32(code, store.row_ptr(pp[i], L, 0, op[i]), kp + i * kvd, kvd)
-            pagedcy_store_from_f32(code, store.row_ptr(pp[i], L, 1, op[i]), vp + i * kvd, kvd)
+            pagedcy_kv_store(code, store.row_ptr(pp[i], L, 0, op[i]), kp + i * kvd, kvd, store.head_dim)
+            pagedcy_kv_store(code, store.row_ptr(pp[i], L, 1, op[i]), vp + i * kvd, kvd, store.head_dim)
 
 
 def build_block_table(list tables, Py_ssize_t width):

@@ -827,7 +827,7 @@ class PagedKVCacheManager:
             table = h.block_table()
             k = self._store.read(table, layer, 0, start, n, float32=float32)
             v = self._store.read(table, layer, 1, start, n, float32=float32)
-        shape = (n, cfg.num_kv_heads, cfg.head_dim)
+        shape = (n, cfg.num_kv_heads, -1)        # stored int8 rows end with their scale
         return k.reshape(shape), v.reshape(shape)
 
     # -- attention ----------------------------------------------------------------------

@@ -14,10 +14,12 @@
 #define PA_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define PA_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
-/* Eight storage-dtype values -> 8 floats. `dtype` is a literal at every call
- * site after inlining, so the branch folds away. */
+/* Eight storage-dtype values -> 8 floats (int8: unscaled). `dtype` is a
+ * literal at every call site after inlining, so the branch folds away. */
 PA_AVX2_INLINE __m256 pa_ld8(const void *base, int64_t idx, int dtype) {
     if (dtype == PAGEDCY_F32) return _mm256_loadu_ps((const float *)base + idx);
+    if (dtype == PAGEDCY_I8)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)base + idx))));
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + idx));
     if (dtype == PAGEDCY_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -375,7 +377,8 @@ PA_AVX2 static void pa_softmax4_avx2(float *S, int jb, int je, const int32_t *vl
 }
 
 PA_AVX2_INLINE void pa_pack_row_t(float *dst, const void *src, int D, int dtype) {
-    for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, pa_ld8(src, d, dtype));
+    const __m256 s = _mm256_set1_ps(dtype == PAGEDCY_I8 ? pagedcy_i8_scale(src, (size_t)D) : 1.0f);
+    for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, _mm256_mul_ps(pa_ld8(src, d, dtype), s));
 }
 
 PA_AVX2 static void pa_pack_row_avx2(float *dst, const void *src, int D, int dtype) {
@@ -388,7 +391,7 @@ PA_AVX2 static void pa_pack_row_avx2(float *dst, const void *src, int D, int dty
  * it; K is packed transposed so the score kernel needs no horizontal sums. */
 
 /* Kt[d][t] = K[t][d] for t < nt, 0 for nt <= t < ldk (ldk % 8 == 0): a
- * float32 copy of one page slice (token stride ks elements), transposed in
+ * float32 (int8: dequantized) copy of one page slice (token stride ks elements), transposed in
  * 8x8 tiles. */
 PA_AVX2_INLINE void pa_pack_kt_t(float *Kt, int ldk, const void *K, int64_t ks, int nt, int D, int dtype) {
     const int64_t es = pa_dtype_bytes(dtype);
@@ -400,6 +403,7 @@ PA_AVX2_INLINE void pa_pack_kt_t(float *Kt, int ldk, const void *K, int64_t ks, 
                 if (t >= nt) { r[i] = _mm256_setzero_ps(); continue; }
                 const char *row = (const char *)K + (int64_t)t * ks * es;
                 r[i] = pa_ld8(row, d0, dtype);
+                if (dtype == PAGEDCY_I8) r[i] = _mm256_mul_ps(r[i], _mm256_set1_ps(pagedcy_i8_scale(row, (size_t)D)));
             }
             __m256 a0 = _mm256_unpacklo_ps(r[0], r[1]), a1 = _mm256_unpackhi_ps(r[0], r[1]);
             __m256 a2 = _mm256_unpacklo_ps(r[2], r[3]), a3 = _mm256_unpackhi_ps(r[2], r[3]);

@@ -41,9 +41,11 @@
 #define PA_AVX512_INLINE __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c"), \
                                         always_inline)) static inline
 
-/* Sixteen storage-dtype values -> 16 floats (dtype a literal after inlining). */
+/* Sixteen storage-dtype values -> 16 floats (int8 unscaled; dtype a literal after inlining). */
 PA_AVX512_INLINE __m512 pa_ld16z(const void *base, int64_t idx, int dtype) {
     if (dtype == PAGEDCY_F32) return _mm512_loadu_ps((const float *)base + idx);
+    if (dtype == PAGEDCY_I8)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)base + idx))));
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx));
     if (dtype == PAGEDCY_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));

@@ -49,13 +49,16 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
     const int G = P->H / P->Hkv, D = P->D, T = P->T, flags = P->flags;
     const int ng = it->ng, M = it->nr * G, Mp = pa_item_mp(M, flags), nblk = Mp / 4;
     const int Sld = (T + 7) & ~7;
-    const int64_t kv_dim = (int64_t)P->Hkv * D;
     const int64_t q_start = P->qo_indptr[it->b];
     const int64_t q_len = P->qo_indptr[it->b + 1] - q_start;
     const int64_t kv_len = P->kv_lens[it->b];
     const int64_t delta = kv_len - q_len;            /* i_abs = delta + row */
-    const int es = pa_dtype_bytes(P->dtype);
-    const int64_t row_bytes = (int64_t)D * es, row_stride = kv_dim * es;
+    const int es = pa_dtype_bytes(P->dtype), i8 = P->dtype == PAGEDCY_I8;
+    /* bytes of one (token, KV head) row and of one token row; the kernels
+     * take the token stride in elements (bytes for int8, whose rows end
+     * with their scale) */
+    const int64_t row_bytes = (int64_t)pagedcy_head_bytes(P->dtype, (size_t)D);
+    const int64_t row_stride = P->Hkv * row_bytes, ks = row_stride / es;
 
     pagedcy_attn_ws W;
     pagedcy_attn_ws_layout(&W, ws, ng, Mp, D, T);
@@ -148,7 +151,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                  * contiguous float32 buffer. Token rows in the pool sit kv_dim
                  * apart (often 4 KiB), so the raw slice maps onto a few L1
                  * sets and would be refetched from L2 by every block. */
-                PA_SFX(pa_pack_kt)(W.kbuf, Sld, Kg, kv_dim, nt, D, P->dtype);
+                PA_SFX(pa_pack_kt)(W.kbuf, Sld, Kg, ks, nt, D, P->dtype);
                 for (int t = 0; t < nt; t++)
                     PA_SFX(pa_pack_row)(W.vbuf + (int64_t)t * D, Vg + (int64_t)t * row_stride, D, P->dtype);
                 /* this head's slice of the next page (or the next head's),
@@ -231,15 +234,17 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 pa_pfcur *pk = use_pf ? &cK : NULL, *pv = use_pf ? &cV : NULL;
                 use_pf = 0;
                 float *Sb = W.S + (int64_t)b4 * 4 * Sld;
-                PA_SFX(pa_qk4)(qg + (int64_t)b4 * 4 * D, D, Kg, kv_dim, W.blo[b4] & ~1, W.bhi[b4],
+                PA_SFX(pa_qk4)(qg + (int64_t)b4 * 4 * D, D, Kg, ks, W.blo[b4] & ~1, W.bhi[b4],
                                Sb, Sld, pk, flags, P->dtype, perm);
+                if (i8) pa_i8_scale_pairs(Sb, W.blo[b4] & ~1, W.bhi[b4], Kg + D, row_stride);
                 float slope4[4], pos4[4];
                 pa_block_bias(P, it, &W, gi, b4, M, tok0, delta, slope4, pos4);
                 PA_SFX(pa_softmax4)(Sb, W.blo[b4] >> 1, (W.bhi[b4] + 1) >> 1, W.vlo + b4 * 4,
                                     W.vhi + b4 * 4, P->soft_cap, slope4, pos4,
                                     mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
+                if (i8) pa_i8_scale_pairs(Sb, W.blo[b4] & ~1, W.bhi[b4], Vg + D, row_stride);
                 PA_SFX(pa_pv4)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Sld,
-                               Vg, kv_dim, W.blo[b4] & ~1, W.bhi[b4], pv, flags, P->dtype, perm);
+                               Vg, ks, W.blo[b4] & ~1, W.bhi[b4], pv, flags, P->dtype, perm);
             }
         }
     }

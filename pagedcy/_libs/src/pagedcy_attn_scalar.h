@@ -10,15 +10,13 @@
 
 #include "pagedcy_attn_types.h"
 
-/* One stored value as float (dtype a constant after inlining). */
+/* One stored value as float (dtype a constant after inlining; int8 unscaled). */
 static inline float pa_ld1(const void *base, int64_t i, int dtype) {
     if (dtype == PAGEDCY_F32) return ((const float *)base)[i];
     if (dtype == PAGEDCY_F16) return pagedcy_f16_to_f32(((const uint16_t *)base)[i]);
+    if (dtype == PAGEDCY_I8) return (float)((const int8_t *)base)[i];
     return pagedcy_bf16_to_f32(((const uint16_t *)base)[i]);
 }
-
-/* Pair layout of a 4-row block: score (r, t) at S[(t/2)*8 + 2r + (t&1)]. */
-static inline int64_t pa_pair_idx(int r, int t) { return (int64_t)(t >> 1) * 8 + 2 * r + (t & 1); }
 
 static inline void pa_qk4_scalar_t(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,
                                    float *S, int dtype) {
@@ -96,15 +94,19 @@ static void pa_softmax4_scalar(float *S, int jb, int je, const int32_t *vlo, con
     }
 }
 
-/* Kt[d][t] = K[t][d] as float32 for t < nt, 0 for nt <= t < ldk. */
+/* Kt[d][t] = K[t][d] as float32 (int8 dequantized) for t < nt, 0 for
+ * nt <= t < ldk. */
 static void pa_pack_kt_scalar(float *Kt, int ldk, const void *K, int64_t ks, int nt, int D, int dtype) {
-    for (int d = 0; d < D; d++)
-        for (int t = 0; t < ldk; t++)
-            Kt[(int64_t)d * ldk + t] = t < nt ? pa_ld1(K, (int64_t)t * ks + d, dtype) : 0.0f;
+    for (int t = 0; t < ldk; t++) {
+        const char *row = (const char *)K + (int64_t)t * ks * pa_dtype_bytes(dtype);
+        const float s = t < nt && dtype == PAGEDCY_I8 ? pagedcy_i8_scale(row, (size_t)D) : 1.0f;
+        for (int d = 0; d < D; d++)
+            Kt[(int64_t)d * ldk + t] = t < nt ? pa_ld1(row, d, dtype) * s : 0.0f;
+    }
 }
 
 static void pa_pack_row_scalar(float *dst, const void *src, int D, int dtype) {
-    pagedcy_load_to_f32(dtype, dst, src, (size_t)D);
+    pagedcy_kv_load(dtype, dst, src, (size_t)D, (size_t)D);
 }
 
 /* Scores of 12 query vectors (qt [D][12]) against the 8-token groups of Kt

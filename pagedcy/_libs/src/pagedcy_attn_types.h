@@ -31,7 +31,7 @@ typedef struct {
     const float *q;              /* [total_q, H, D] */
     const int64_t *qo_indptr;    /* [B+1] */
     const char *kv;              /* page pool */
-    int32_t dtype;               /* PAGEDCY_F32 / F16 / BF16 */
+    int32_t dtype;               /* PAGEDCY_F32 / F16 / BF16 / I8 */
     int64_t page_stride;         /* elements per page (all layers, K and V) */
     int64_t layer_offset;        /* elements from a page's start to this layer's K block */
     const int32_t *block_tables; /* [B, bt_stride] */
@@ -67,8 +67,24 @@ typedef struct {
     int64_t ws_floats;           /* scratch per thread */
 } pagedcy_attn_plan;
 
-/* Bytes per stored K/V element. */
-static inline int pa_dtype_bytes(int dtype) { return dtype == PAGEDCY_F32 ? 4 : 2; }
+/* Bytes per stored K/V element (an int8 row also carries its scale, see
+ * pagedcy_head_bytes). */
+static inline int pa_dtype_bytes(int dtype) { return dtype == PAGEDCY_F32 ? 4 : dtype == PAGEDCY_I8 ? 1 : 2; }
+
+/* Pair layout of a 4-row block's scores: (r, t) at S[(t/2)*8 + 2r + (t&1)]. */
+static inline int64_t pa_pair_idx(int r, int t) { return (int64_t)(t >> 1) * 8 + 2 * r + (t & 1); }
+
+/* int8 storage: multiply the pair-layout scores of tokens [tlo, thi) by each
+ * token's row scale (at `scales` + t * stride bytes). Applied to the raw
+ * q.k sums (K scales) and to the softmax weights before P.V (V scales), so
+ * the kernels only widen int8 to float and never dequantize a whole row. */
+static inline void pa_i8_scale_pairs(float *S, int tlo, int thi, const char *scales, int64_t stride) {
+    for (int t = tlo; t < thi; t++) {
+        float s;
+        memcpy(&s, scales + (int64_t)t * stride, sizeof(float));
+        for (int r = 0; r < 4; r++) S[pa_pair_idx(r, t)] *= s;
+    }
+}
 
 /* Runs `...` (a statement using the name DT) with DT a compile-time constant
  * equal to `dtype`: the micro-kernels are always_inline templates on the
@@ -77,6 +93,7 @@ static inline int pa_dtype_bytes(int dtype) { return dtype == PAGEDCY_F32 ? 4 : 
         switch (dtype) {                                                \
         case PAGEDCY_F16: { const int DT = PAGEDCY_F16; __VA_ARGS__; break; } \
         case PAGEDCY_BF16: { const int DT = PAGEDCY_BF16; __VA_ARGS__; break; } \
+        case PAGEDCY_I8: { const int DT = PAGEDCY_I8; __VA_ARGS__; break; } \
         default: { const int DT = PAGEDCY_F32; __VA_ARGS__; break; }    \
         }                                                               \
     } while (0)
