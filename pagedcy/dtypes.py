@@ -76,3 +76,30 @@ def head_row_elems(name, head_dim):
     """Stored elements of one (token, KV head) row: ``head_dim``, plus the scale's
     ``INT8_SCALE_BYTES`` for int8."""
     return head_dim + (INT8_SCALE_BYTES if normalize_dtype(name) == "int8" else 0)
+
+
+def quantize_int8(x):
+    """NumPy version of the int8 write path: float ``[..., head_dim]`` -> int8 rows
+    ``[..., head_dim + 4]`` (values, then the float32 scale's bytes), bit-identical to
+    what a store with ``dtype="int8"`` writes."""
+    x = np.asarray(x, dtype=np.float32)
+    D = x.shape[-1]
+    a = np.abs(x)
+    amax = np.where(np.isfinite(a), a, np.float32(0)).max(axis=-1, keepdims=True)
+    scale = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+        y = np.rint(x * inv)
+    y = np.where(np.isinf(x), np.where(amax > 0, np.sign(x) * 127, 0), y)
+    rows = np.empty(x.shape[:-1] + (D + INT8_SCALE_BYTES,), np.int8)
+    rows[..., :D] = np.clip(np.nan_to_num(y, nan=0.0), -127, 127)
+    rows[..., D:] = scale.view(np.int8)
+    return rows
+
+
+def dequantize_int8(rows):
+    """int8 rows ``[..., head_dim + 4]`` -> the float32 values ``[..., head_dim]`` they stand for."""
+    rows = np.ascontiguousarray(rows, dtype=np.int8)
+    D = rows.shape[-1] - INT8_SCALE_BYTES
+    scale = np.ascontiguousarray(rows[..., D:]).view(np.float32)
+    return rows[..., :D].astype(np.float32) * scale

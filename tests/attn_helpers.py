@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 
+from pagedcy import dtypes
 from pagedcy._libs._pool import aligned_zeros
 
 
@@ -18,23 +19,10 @@ def bf16_round(x):
 
 
 def quantize_int8(x):
-    """NumPy model of the int8 KV format: float32 ``[..., D]`` -> ``(rows int8 [..., D + 4],
-    dequantized float64 [..., D])``; each row is round(x / s) then its float32 scale
-    s = max|x| / 127 (finite values only; NaN stores 0, +-Inf +-127)."""
-    x = np.asarray(x, dtype=np.float32)
-    D = x.shape[-1]
-    a = np.abs(x)
-    amax = np.where(np.isfinite(a), a, np.float32(0)).max(axis=-1, keepdims=True)
-    scale = (amax / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-        y = np.rint(x * inv)
-    y = np.where(np.isinf(x), np.where(amax > 0, np.sign(x) * 127, 0), y)
-    y = np.clip(np.nan_to_num(y, nan=0.0), -127, 127).astype(np.int8)
-    rows = np.empty(x.shape[:-1] + (D + 4,), np.int8)
-    rows[..., :D] = y
-    rows[..., D:] = scale.view(np.int8)
-    return rows, y.astype(np.float64) * scale.astype(np.float64)
+    """int8 rows ``[..., D + 4]`` of ``x`` as the store writes them, and the float64 values
+    they stand for (the reference's K/V)."""
+    rows = dtypes.quantize_int8(x)
+    return rows, dtypes.dequantize_int8(rows).astype(np.float64)
 
 
 def make_batch(rng, *, q_lens, kv_lens, num_heads, num_kv_heads, head_dim, page_size,

@@ -22,6 +22,8 @@ from pagedcy._libs._threads import simd_path
 from pagedcy._libs._bandwidth import read_bandwidth
 from pagedcy.tools.info import huge_pages
 from pagedcy._libs._pool import aligned_zeros
+from pagedcy import dtypes as _dtypes
+from pagedcy.tools.cpu import cpu_description
 
 H, HKV, D, T = 32, 8, 128, 16
 
@@ -44,6 +46,8 @@ def _median_time(fn, repeats):
 def _to_storage(x, dtype):
     if dtype == "float32":
         return x
+    if dtype == "int8":
+        return _dtypes.quantize_int8(x)
     if dtype == "float16":
         return x.astype(np.float16)
     u = x.view(np.uint32)                 # bf16 bits, round to nearest even
@@ -51,15 +55,20 @@ def _to_storage(x, dtype):
 
 
 def _from_storage(x, dtype):
+    if dtype == "int8":
+        return _dtypes.dequantize_int8(x)
     if dtype == "bfloat16":
         return (x.astype(np.uint32) << 16).view(np.float32)
     return x.astype(np.float32, copy=False)
 
 
 def page_array(shape, dtype):
-    """Uninitialised page storage of ``shape`` for ``dtype``, allocated as a
-    PagePool's buffer is (4 KiB aligned), so the kernel sees the layout users get."""
-    sdt = np.dtype(np.float32 if dtype == "float32" else (np.float16 if dtype == "float16" else np.uint16))
+    """Uninitialised page storage for float pages of ``shape`` in ``dtype`` (int8: head rows
+    of head_dim + 4), allocated as a PagePool's buffer is (4 KiB aligned), so the kernel
+    sees the layout users get."""
+    sdt = {"float32": np.float32, "float16": np.float16, "int8": np.int8}.get(dtype, np.uint16)
+    sdt = np.dtype(sdt)
+    shape = tuple(shape[:-1]) + (_dtypes.head_row_elems(dtype, shape[-1]),)
     return aligned_zeros(math.prod(shape) * sdt.itemsize).view(sdt).reshape(shape)
 
 
@@ -122,7 +131,8 @@ def torch_case(q, pages, bt, lens, dtype, causal, threads):
     kv_len = int(lens[0])
     kv = _from_storage(pages[bt][:, :, 0], dtype)
     kv = kv.transpose(0, 2, 4, 1, 3, 5).reshape(B, 2, HKV, -1, D)[:, :, :, :kv_len]
-    tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    # int8: torch on the dequantized values in float32
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype, torch.float32)
     K = torch.from_numpy(np.ascontiguousarray(kv[:, 0])).to(tdt)
     V = torch.from_numpy(np.ascontiguousarray(kv[:, 1])).to(tdt)
     del kv
@@ -319,6 +329,11 @@ def main(argv=None):
         (f"{dec} bf16", "decode", dec_b, dec_l, "bfloat16", nt, 1, 2),
         (f"prefill causal {pre_l} fp32", "prefill", 1, pre_l, "float32", 1, pre_l, 2),
         (f"prefill causal {pre_l} fp32", "prefill", 1, pre_l, "float32", nt, pre_l, 2),
+        (f"{dec} int8", "decode", dec_b, dec_l, "int8", nt, 1, 2),
+        # the same kernel with K/V resident in the last-level cache: its compute limit
+        ("decode 4x256 fp32 [in cache]", "decode", 4, 256, "float32", nt, 1, 2),
+        ("decode 4x256 fp16 [in cache]", "decode", 4, 256, "float16", nt, 1, 2),
+        ("decode 4x256 int8 [in cache]", "decode", 4, 256, "int8", nt, 1, 2),
     ]
     if nt == 1:
         specs = [s for i, s in enumerate(specs) if i not in (1, 5)]
@@ -345,6 +360,7 @@ def main(argv=None):
     sys.stderr.write("\r\033[K")
     print(f"pagedcy paged attention: H={H} Hkv={HKV} D={D} page_size={T}, random page order, "
           f"SIMD={simd_path()}, huge pages: {huge_pages()}; time = best of {rounds} interleaved rounds")
+    print(f"CPU: {cpu_description()}")
     print(format_table(rows, bw, bw_start))
     by = {(r["case"], r["threads"]): r for r in rows}
     d32, f16 = by.get((f"{dec} fp32", nt)), by.get((f"{dec} fp16", nt))
@@ -354,6 +370,10 @@ def main(argv=None):
         if a32 and a16:
             line += f"; with the AVX2 kernels: {a32['ms'] / a16['ms']:.2f}x"
         print(line)
+    i8 = by.get((f"{dec} int8", nt))
+    if i8 and d32 and f16:
+        print(f"int8 decode speed-up ({nt} threads): {d32['ms'] / i8['ms']:.2f}x over fp32, "
+              f"{f16['ms'] / i8['ms']:.2f}x over fp16")
     p1, p2 = by.get((specs[5][0], 1)), by.get((specs[5][0], nt))
     if p1 and p2 and nt > 1:
         print(f"prefill scaling 1 -> {nt} threads: {p1['ms'] / p2['ms']:.2f}x")
