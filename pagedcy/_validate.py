@@ -1,8 +1,18 @@
 """Input validation shared by every Python-facing entry point.
 
 Everything a ``nogil`` core trusts is checked here first: dtypes, shapes,
-contiguity and integer ranges. Failures are TypeError (wrong kind of object or
-dtype), ValueError (wrong shape or value) or IndexError (out-of-range index).
+contiguity and integer ranges. This is the one place that decides which
+exception a mistake raises, as NumPy does:
+
+- TypeError: the wrong kind of object or dtype (``1.5``, ``"4"``, ``None`` or
+  ``True`` where an integer belongs; an int array where floats belong);
+- ValueError: the right kind with a bad value (a size or count out of range, a
+  wrong shape);
+- IndexError: an index outside the container it indexes (a page of a pool, a
+  layer, a token position).
+
+The compiled modules take exact ints in range on a C fast path
+(``pagedcy/_libs/_args.pxd``) and hand everything else to these functions.
 """
 import operator
 
@@ -41,12 +51,36 @@ def check_count(value, name, upper=MAX_COUNT):
     return v
 
 
+def check_positive(value, name, upper=None):
+    """``value`` as an int in ``[1, upper)`` (no upper bound when ``upper`` is None);
+    ValueError otherwise."""
+    v = as_int(value, name)
+    if v < 1:
+        raise ValueError(f"{name} must be a positive integer, got {v}")
+    if upper is not None and v >= upper:
+        raise ValueError(f"{name} must be < {upper}, got {v}")
+    return v
+
+
 def int_array(x, name):
     """``x`` as a NumPy array of an integer dtype (bools, floats and strings are a TypeError)."""
     arr = np.asarray(x)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must be an integer array, got dtype {arr.dtype}")
     return arr
+
+
+def index_array(x, name, upper):
+    """``x`` as a C-contiguous int32 array of indices in ``[0, upper)`` (``upper <= 2**31``).
+
+    TypeError for a non-integer dtype, IndexError for an entry out of range; the range is
+    checked before narrowing, so ``2**32 + 1`` is refused instead of becoming 1.
+    """
+    arr = int_array(x, name)
+    if arr.size and (arr.min() < 0 or arr.max() >= upper):
+        bad = arr[(arr < 0) | (arr >= upper)].flat[0]
+        raise IndexError(f"{name} holds {bad}, outside [0, {upper})")
+    return np.ascontiguousarray(arr, dtype=np.int32)
 
 
 def token_id_array(x, name):

@@ -1,8 +1,8 @@
-"""Cache configuration (mirrors ``PagedKVCacheConfig``/``EvictionPolicy`` of the Rust design)."""
+"""Cache configuration: the page geometry (``PagedKVCacheConfig``) and what a full pool does
+(``EvictionPolicy``), as in the reference design."""
 import enum
-import operator
 
-from pagedcy import dtypes as _dtypes
+from pagedcy import _validate, dtypes as _dtypes
 
 __all__ = ["EvictionPolicy", "PagedKVCacheConfig"]
 
@@ -19,17 +19,7 @@ class EvictionPolicy(enum.Enum):
 
 
 def _positive_int(name, value):
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
-    if v <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {v}")
-    if v >= 2**31:
-        raise ValueError(f"{name} must be < 2**31, got {v}")
-    return v
+    return _validate.check_positive(value, name, 2**31)
 
 
 class PagedKVCacheConfig:
@@ -39,8 +29,8 @@ class PagedKVCacheConfig:
     ``[num_layers, 2 (K, V), page_size, num_kv_heads, head_dim]`` values of
     ``dtype`` (float32, float16 or bfloat16). The pool holds ``max_pages`` pages.
 
-    Raises ValueError (naming the field) if a size is not a positive integer,
-    TypeError for an unsupported dtype or eviction policy.
+    Raises TypeError (naming the field) if a size is not an integer, ValueError if it
+    is not in ``[1, 2**31)``, TypeError for an unsupported dtype or eviction policy.
     """
 
     __slots__ = ("page_size", "max_pages", "num_layers", "num_kv_heads", "head_dim",

@@ -74,9 +74,10 @@ class ModelExhausted(Exception):
 
 
 class CacheModel:
-    """Reference semantics of a single-sequence paged cache (the seed's design, fixed LRU).
+    """Reference semantics of a single-sequence paged cache (the reference design, with LRU
+    eviction as a sliding window).
 
-    Physical pages follow the seed: a LIFO free stack that hands out 0, 1, 2, ... when fresh;
+    Physical pages follow the reference design: a LIFO free stack that hands out 0, 1, 2, ... when fresh;
     reset returns the table's pages to the stack in logical order; LRU eviction pops the
     front page of the table and maps it again at the back. Token rows live in per-layer
     Python lists indexed by absolute position; ``None`` marks a row nobody wrote (its content

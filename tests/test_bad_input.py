@@ -81,10 +81,12 @@ def filled_cache(request):
 # -- config ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("field", FIELDS)
-@pytest.mark.parametrize("bad", [0, -1, -2**40, 1.5, 4.0, np.float64(4.0), "4", None, True,
-                                 False, np.bool_(True), 2**31, 2**70, [4]])
-def test_config_rejects_non_positive_or_non_int_sizes(field, bad):
-    with pytest.raises(ValueError) as info:
+@pytest.mark.parametrize("bad,exc", [(0, ValueError), (-1, ValueError), (-2**40, ValueError),
+                                     (2**31, ValueError), (2**70, ValueError)]
+                         + [(b, TypeError) for b in (1.5, 4.0, np.float64(4.0), "4", None, True,
+                                                     False, np.bool_(True), [4])])
+def test_config_rejects_non_positive_or_non_int_sizes(field, bad, exc):
+    with pytest.raises(exc) as info:
         PagedKVCacheConfig(**{**GOOD, field: bad})
     assert field in str(info.value)
 
@@ -434,14 +436,11 @@ def test_advance_at_full_page_is_value_error(filled_cache):
     assert cache_state(filled_cache) == before
 
 
-ADVANCE_BUG = (
-    "BUG: pagedcy/_cache.pyx PagedKVCache.advance only checks that the mapped pages have room "
-    "(seq_len+1 <= num_pages*page_size), not that a token was appended since the last "
-    "advance/append_tokens; a second advance() inside a partly filled page succeeds and "
-    "exposes whatever stale bytes the page held (pages are not zeroed on reuse)")
-
-
 def test_advance_twice_after_one_append_is_value_error():
+    """Regression: advance() once checked only that the mapped pages had room, not that a
+    token was appended since the last advance/append_tokens, so a second advance() inside a
+    partly filled page succeeded and exposed the stale bytes the page held (pages are not
+    zeroed on reuse)."""
     cache = PagedKVCache(PagedKVCacheConfig(**GOOD))
     row = np.ones(8, np.float32)
     cache.append_kv_layer(0, row, row)
@@ -534,15 +533,11 @@ def test_store_write_rejects(kw, exc):
     assert store_state(s) == before
 
 
-BLOCK_TABLE_WRAP_BUG = (
-    "BUG: pagedcy/_store.pyx KVPageStore._table casts a 64-bit block table to int32 with "
-    "np.ascontiguousarray(..., dtype=np.int32) BEFORE check_table, so 2**32+1 wraps to 1 and "
-    "passes the range check: write() silently writes page 1 (read() reads it)")
-
-
 @pytest.mark.parametrize("bt", [np.array([2**32 + 1], np.int64), np.array([2**32], np.uint64),
                                 np.array([-2**32 + 2], np.int64)])
 def test_store_write_rejects_block_table_entries_that_wrap(bt):
+    """Regression: KVPageStore once cast a 64-bit block table to int32 before the range
+    check, so 2**32 + 1 wrapped to 1, passed, and write() silently wrote page 1."""
     s = store()
     before = store_state(s)
     with pytest.raises(IndexError):
@@ -582,18 +577,15 @@ def test_store_read_rejects_bool_which():
         s.read(np.array([0], np.int32), 0, True, 0, 1)
 
 
-HUGE_START_BUG = (
-    "BUG: pagedcy/_store.pyx KVPageStore.write/read compute (start + n + page_size - 1) in "
-    "Py_ssize_t; start near 2**63 overflows to a negative page count, _table() then skips "
-    "its checks and c_write/c_read index the block table out of bounds -> segfault")
-
-
 @pytest.mark.parametrize("call", [
     "s.write(np.array([0], np.int32), 0, 2**63 - 1, np.ones((1, 8), np.float32), "
     "np.ones((1, 8), np.float32))",
     "s.read(np.array([0], np.int32), 0, 'k', 2**63 - 1, 1)",
 ])
 def test_store_huge_start_does_not_crash(call):
+    """Regression: write/read once computed start + n + page_size - 1 in Py_ssize_t; a start
+    near 2**63 overflowed to a negative page count, the table checks were skipped and the
+    copy indexed the block table out of bounds (a segfault)."""
     expect_exception_isolated(
         "s = p.KVPageStore(p.PagedKVCacheConfig(4, 4, 2, 2, 4))", call,
         ["ValueError", "IndexError", "OverflowError"])
@@ -641,3 +633,115 @@ def test_store_copy_pages_from_rejects_non_integer_ids(src_pages, dst_pages):
     with pytest.raises(TypeError):
         b.copy_pages_from(a, src_pages, dst_pages)
     assert store_state(b) == before
+
+
+# -- one rule for integer arguments, everywhere ---------------------------------------------------
+#
+# Every integer argument of the public API goes through pagedcy._validate, so the same mistake
+# raises the same exception at every entry point, as in NumPy: a non-integer (float, str, None,
+# bool, list) is a TypeError; a size or count out of range a ValueError; an index outside its
+# container an IndexError. NumPy integers are accepted like ints.
+
+NOT_INTEGERS = [1.5, 2.0, np.float64(2.0), "2", None, True, np.bool_(False), [2], object()]
+
+
+def _call_entry_point(name, v):
+    from pagedcy import resolve_num_threads
+    from pagedcy._libs._bandwidth import read_bandwidth
+    from pagedcy._libs._manager_ops import build_block_table, write_token_rows
+    from pagedcy._libs._pool import aligned_zeros
+    cfg = PagedKVCacheConfig(**GOOD)
+    kind, _, attr = name.partition(".")
+    if kind == "config":
+        return PagedKVCacheConfig(**{**GOOD, attr: v})
+    if kind == "PagePool":
+        return PagePool(**{"max_pages": 4, "floats_per_page": 4, attr: v})
+    if kind == "PageTable":
+        return PageTable(v)
+    if kind == "aligned_zeros":
+        return aligned_zeros(v)
+    if kind == "pool":
+        pool = PagePool(4, 4)
+        pool.alloc()
+        pool.alloc()
+        if attr == "alloc_many":
+            return pool.alloc_many(v)
+        if attr in ("copy_page.src", "copy_page.dst"):
+            return pool.copy_page(*((v, 1) if attr.endswith("src") else (1, v)))
+        return getattr(pool, attr)(v)
+    if kind == "table":
+        t = filled_table()
+        return getattr(t, attr)(v)
+    if kind == "store":
+        s, bt = store(), np.array([0, 1], np.int32)
+        method, _, arg = attr.partition(".")
+        args = dict(layer=0, start=0, n=2)
+        args[arg] = v
+        if method == "write":
+            return s.write(bt, args["layer"], args["start"], rows(2), rows(2))
+        return s.read(bt, args["layer"], "k", args["start"], args["n"])
+    if kind == "cache":
+        cache = PagedKVCache(cfg)
+        if attr == "append_kv_layer":
+            return cache.append_kv_layer(v, rows(1)[0], rows(1)[0])
+        return getattr(cache, attr)(v)
+    if kind == "resolve_num_threads":
+        return resolve_num_threads(v)
+    if kind == "read_bandwidth":
+        if attr == "repeats":
+            return read_bandwidth(num_threads=1, repeats=v, buffer=np.ones(1024, np.float32))
+        return read_bandwidth(v, num_threads=1, repeats=1)
+    if kind == "write_token_rows":
+        s = store()
+        return write_token_rows(s, np.array([1], np.int32), np.array([2], np.int32), v,
+                                rows(1), rows(1))
+    if kind == "build_block_table":
+        return build_block_table([np.array([3, 1], np.int32)], v)
+    raise AssertionError(name)
+
+
+# name: (a valid value, [(out-of-range value, exception), ...])
+ENTRY_POINTS = {
+    **{f"config.{f}": (2, [(0, ValueError), (-1, ValueError), (2**31, ValueError)]) for f in FIELDS},
+    "PagePool.max_pages": (2, [(0, ValueError), (2**31, ValueError), (2**70, ValueError)]),
+    "PagePool.floats_per_page": (2, [(0, ValueError), (-5, ValueError), (2**40, ValueError)]),
+    "PageTable": (2, [(0, ValueError), (2**31, ValueError)]),
+    "aligned_zeros": (2, [(-1, ValueError), (2**70, ValueError)]),
+    "pool.alloc_many": (2, [(-1, ValueError), (2**70, ValueError)]),
+    **{f"pool.{m}": (1, [(-1, IndexError), (4, IndexError), (2**70, IndexError)])
+       for m in ("free", "incref", "ref_count", "is_free", "page_data", "page_data_mut",
+                 "copy_page.src", "copy_page.dst")},
+    "table.resolve": (2, [(-1, IndexError), (8, IndexError), (2**70, IndexError)]),
+    "table.push_page": (2, [(-1, ValueError), (2**31, ValueError)]),
+    "table.set_seq_len": (2, [(-1, ValueError), (9, ValueError), (2**70, ValueError)]),
+    "store.write.layer": (1, [(-1, IndexError), (2, IndexError), (2**70, IndexError)]),
+    "store.write.start": (1, [(-1, ValueError), (7, ValueError), (2**70, ValueError)]),
+    "store.read.layer": (1, [(-1, IndexError), (2, IndexError)]),
+    "store.read.start": (1, [(-1, ValueError), (7, ValueError)]),
+    "store.read.n": (2, [(-1, ValueError), (9, ValueError), (2**70, ValueError)]),
+    "cache.append_kv_layer": (1, [(-1, IndexError), (2, IndexError), (2**70, IndexError)]),
+    "cache.gather_k": (1, [(-1, IndexError), (2, IndexError)]),
+    "cache.gather_v": (1, [(-1, IndexError), (2, IndexError)]),
+    "resolve_num_threads": (2, [(0, ValueError), (-3, ValueError)]),
+    "read_bandwidth.repeats": (2, [(0, ValueError), (-1, ValueError)]),
+    "read_bandwidth.nbytes": (4096, [(-1, ValueError), (4095, ValueError)]),
+    "write_token_rows": (1, [(-1, IndexError), (2, IndexError), (2**70, IndexError)]),
+    "build_block_table": (2, [(-1, ValueError), (1, ValueError), (2**70, ValueError)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
+def test_integer_arguments_follow_one_rule(name):
+    valid, out_of_range = ENTRY_POINTS[name]
+    _call_entry_point(name, valid)
+    _call_entry_point(name, np.int64(valid))            # NumPy integers are integers
+    _call_entry_point(name, np.uint8(valid) if valid < 256 else np.int32(valid))
+    for bad in NOT_INTEGERS:
+        if bad is None and name == "resolve_num_threads":
+            continue                                     # None asks for the default there
+        with pytest.raises(TypeError):
+            _call_entry_point(name, bad)
+    for bad, exc in out_of_range:
+        with pytest.raises(exc) as info:
+            _call_entry_point(name, bad)
+        assert type(info.value) is exc, (bad, info.value)

@@ -267,7 +267,7 @@ def test_lru_sliding_window_bulk_far_past_exhaustion(page_size, max_pages):
 
 
 def test_lru_ten_thousand_appends_stay_cheap():
-    # A linear-scan LRU (the seed's touch_page) or an O(n) pop_front would make this crawl;
+    # A linear-scan LRU (a list scan per touched page) or an O(n) pop_front would make this crawl;
     # no timing assertion, the suite's overall budget is the guard.
     cfg, cache = make(page_size=2, max_pages=64, num_layers=2, heads=1, head_dim=8, eviction=LRU)
     row = np.zeros(8, np.float32)
@@ -362,3 +362,110 @@ def test_max_tokens_and_config_passthrough():
     cfg, cache = make(page_size=3, max_pages=7)
     assert cache.max_tokens() == 21 == cfg.max_tokens()
     assert cache.config == cfg
+
+
+# -- out of memory ---------------------------------------------------------------------------------
+
+# Runs in a child: every allocation from the k-th on fails (CPython's _testcapi.set_nomemory),
+# for k = 0, 1, 2, ... until the call succeeds. Each attempt must either succeed or raise
+# MemoryError with the object unchanged. A failed page-table or free-list growth used to be
+# swallowed as "unraisable" inside the nogil append loop, which then spun forever with the lock
+# held, so the child also runs under a timeout.
+OOM_SWEEP = r"""
+import sys
+import numpy as np
+import _testcapi
+import pagedcy as p
+
+def state(c):
+    return (c.seq_len(), c.evicted_tokens(), c.num_pages(), c.free_pages(),
+            c.page_ids().tolist(), c.free_page_ids().tolist(),
+            [c.gather_k(l).tobytes() + c.gather_v(l).tobytes() for l in range(2)])
+
+def sweep(policy, how, n, prefill):
+    cfg = p.PagedKVCacheConfig(page_size=1, max_pages=4096, num_layers=2, num_kv_heads=1,
+                               head_dim=4, eviction=policy)
+    rows = np.arange(2 * n * 4, dtype=np.float32).reshape(2, n, 4) + 1000
+    row = np.full(4, 7.0, np.float32)
+    failures = 0
+    for k in range(100000):
+        cache = p.PagedKVCache(cfg)
+        for t in range(prefill):     # 16: page table and free list are both full now
+            cache.append_tokens(np.full((2, 1, 4), t, np.float32), np.full((2, 1, 4), -t, np.float32))
+        before = state(cache)
+        _testcapi.set_nomemory(k, 0)
+        try:
+            if how == "layer":
+                cache.append_kv_layer(0, row, row)
+                cache.append_kv_layer(1, row, row)
+                cache.advance()
+            else:
+                cache.append_tokens(rows, rows * 2)
+        except MemoryError:
+            _testcapi.remove_mem_hooks()
+            failures += 1
+            after = state(cache)
+            assert after == before, (policy, how, k, after[:4], before[:4])
+            continue
+        finally:
+            _testcapi.remove_mem_hooks()
+        added = 1 if how == "layer" else n
+        assert cache.seq_len() == prefill + added, (how, k, cache.seq_len())
+        want = row if how == "layer" else rows[1, -1]
+        assert np.array_equal(cache.gather_k(1)[-1], want)
+        # and the cache goes on working after the failures
+        more = np.ones((2, 3, 4), np.float32)
+        cache.append_tokens(more, more)
+        assert cache.seq_len() == prefill + 3 + added
+        return failures
+    raise AssertionError("never succeeded")
+
+for policy in ("none", "lru"):
+    for how, n in (("layer", 1), ("bulk", 5), ("bulk", 300)):
+        for prefill in (8, 16):
+            print(policy, how, n, prefill, "failures", sweep(policy, how, n, prefill), flush=True)
+
+# The pool and the table on their own: MemoryError, no change, then they work again.
+def pool_state(pool):
+    return pool.free_count(), pool.free_list().tolist(), pool.ref_counts().tolist()
+
+for how in ("alloc", "alloc_many", "push_page"):
+    for k in range(1000):
+        pool, table = p.PagePool(100, 2), p.PageTable(4)
+        pages = [pool.alloc() for _ in range(16)]     # the free list's first block is used up
+        for q in pages[:8]:                            # and the table's
+            table.push_page(q)
+        if how == "alloc_many":
+            pool.free(3)                               # one recycled page, then fresh ones
+        before = pool_state(pool), table.physical_pages().tolist()
+        _testcapi.set_nomemory(k, 0)
+        try:
+            got = (pool.alloc() if how == "alloc" else pool.alloc_many(4) if how == "alloc_many"
+                   else table.push_page(99))
+        except MemoryError:
+            _testcapi.remove_mem_hooks()
+            assert (pool_state(pool), table.physical_pages().tolist()) == before, (how, k)
+            continue
+        finally:
+            _testcapi.remove_mem_hooks()
+        want = {"alloc": 16, "alloc_many": [3, 16, 17, 18], "push_page": None}[how]
+        assert (got.tolist() if how == "alloc_many" else got) == want, (how, got)
+        print(how, "failures", k, flush=True)
+        break
+    else:
+        raise AssertionError(how + " never succeeded")
+print("OK")
+"""
+
+
+def test_out_of_memory_while_mapping_pages_is_memory_error_and_changes_nothing():
+    import subprocess
+    import sys
+    pytest.importorskip("_testcapi")
+    proc = subprocess.run([sys.executable, "-c", OOM_SWEEP], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("OK"), \
+        proc.stdout[-2000:] + proc.stderr[-3000:]
+    # every case did hit allocation failures before it succeeded
+    for line in proc.stdout.splitlines()[:-1]:
+        assert int(line.split()[-1]) > 0, line

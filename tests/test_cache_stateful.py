@@ -129,7 +129,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert len(set(free)) == len(free), f"page freed twice: {free}"
         assert not set(held) & set(free)
         assert set(held) | set(free) == set(range(self.cfg.max_pages))
-        # The exact physical ids follow the seed's LIFO pool and front-page eviction.
+        # The exact physical ids follow the LIFO pool and front-page eviction of the reference design.
         assert held == self.model.table
         assert free == self.model.free
 

@@ -1,4 +1,5 @@
 """``python -m pagedcy info|demo|bench`` run and print what they promise."""
+import io
 import os
 import subprocess
 import sys
@@ -8,15 +9,19 @@ import pytest
 import pagedcy
 
 
-def run(*args, timeout=240):
+def run_proc(*args, timeout=240, env=None):
     # The child imports the same pagedcy as this process (installed, or an in-place build).
     root = os.path.dirname(os.path.dirname(os.path.abspath(pagedcy.__file__)))
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}),
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, "-m", "pagedcy", *args], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=os.path.dirname(__file__))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    return proc
+
+
+def run(*args, **kwargs):
+    return run_proc(*args, **kwargs).stdout
 
 
 def test_info_prints_config():
@@ -54,6 +59,85 @@ def test_huge_pages_madvise_follows_numpy(tmp_path, asks):
         ma._set_madvise_hugepage(before)
 
 
+CPUINFO_X86 = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R)  Platinum 8480+
+cache size\t: 107520 KB
+
+processor\t: 1
+model name\t: Intel(R) Xeon(R)  Platinum 8480+
+"""
+CPUINFO_ARM = """processor\t: 0
+BogoMIPS\t: 50.00
+CPU implementer\t: 0x41
+
+Hardware\t: BCM2835
+Model\t\t: Raspberry Pi 4 Model B Rev 1.4
+"""
+
+
+def fake_caches(root, entries):
+    for i, (level, kind, size) in enumerate(entries):
+        d = root / f"index{i}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    return str(root)
+
+
+def test_cpu_model_and_caches_from_fake_files(tmp_path):
+    from pagedcy.tools.info import cpu_caches, cpu_description, cpu_model
+    (tmp_path / "x86").write_text(CPUINFO_X86)
+    (tmp_path / "arm").write_text(CPUINFO_ARM)
+    (tmp_path / "empty").write_text("processor\t: 0\n")
+    assert cpu_model(str(tmp_path / "x86")) == "Intel(R) Xeon(R) Platinum 8480+"
+    assert cpu_model(str(tmp_path / "arm")) == "Raspberry Pi 4 Model B Rev 1.4"
+    import platform
+    fallback = platform.processor() or "unknown"
+    assert cpu_model(str(tmp_path / "empty")) == fallback
+    assert cpu_model(str(tmp_path / "missing")) == fallback
+    caches = fake_caches(tmp_path / "cache", [(1, "Data", "48K"), (1, "Instruction", "32K"),
+                                              (2, "Unified", "2048K"), (3, "Unified", "107520K")])
+    assert cpu_caches(caches) == {"L1d": 48 << 10, "L1i": 32 << 10, "L2": 2 << 20, "L3": 105 << 20}
+    assert cpu_description(str(tmp_path / "x86"), caches) == \
+        "Intel(R) Xeon(R) Platinum 8480+ (L1d 48 KiB, L1i 32 KiB, L2 2 MiB, L3 105 MiB)"
+    # Unreadable or malformed entries are skipped; no cache data leaves the model alone.
+    odd = fake_caches(tmp_path / "odd", [(1, "Data", "32K"), (2, "Unified", "lots"),
+                                         (3, "Unified", "1M")])
+    assert cpu_caches(odd) == {"L1d": 32 << 10, "L3": 1 << 20}
+    assert cpu_caches(str(tmp_path / "nothing")) == {}
+    assert cpu_description(str(tmp_path / "arm"), str(tmp_path / "nothing")) == \
+        "Raspberry Pi 4 Model B Rev 1.4"
+
+
+def test_info_names_the_cpu():
+    from pagedcy.tools.info import cpu_description
+    assert f"cpu: {cpu_description()}" in run("info")
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_is_drawn_on_a_terminal_only():
+    from pagedcy.tools._progress import Progress
+    for stream, drawn in [(FakeTerminal(), True), (io.StringIO(), False)]:
+        with Progress(3, "building", file=stream) as bar:
+            assert bar.drawn == drawn
+            bar.status("case A")
+            bar.update()
+            bar.set(3)
+        text = stream.getvalue()
+        assert ("building" in text and "case A" in text and "0/3" in text) == drawn
+        assert (text == "") == (not drawn)
+    with Progress(3, "off", file=FakeTerminal(), enabled=False) as bar:
+        assert not bar.drawn
+
+
 def test_demo_quick_summary_and_no_leak():
     out = run("demo", "--quick", "--no-progress")
     assert "tokens evicted" in out and "pages used" in out
@@ -61,7 +145,25 @@ def test_demo_quick_summary_and_no_leak():
     assert "leak check: ok" in out
 
 
-def test_bench_quick_table():
-    out = run("bench", "--quick", "--no-baselines", "--repeats", "1")
+# One thread drops the 1-thread duplicates of the multi-threaded rows; without AVX-512
+# (PAGEDCY_SIMD=avx2 caps it) the AVX2-kernel rows are missing too. The prefill-scaling
+# summary used to index the case list by position and crashed with IndexError there.
+@pytest.mark.parametrize("threads, simd", [("2", None), ("1", None), ("1", "avx2")])
+def test_bench_quick_table(threads, simd):
+    proc = run_proc("bench", "--quick", "--no-baselines", "--repeats", "1", "--threads", threads,
+                    env={"PAGEDCY_SIMD": simd} if simd else None)
+    out = proc.stdout
     assert "decode" in out and "prefill" in out and "GB/s" in out and "GFLOP/s" in out
     assert "huge pages:" in out
+    from pagedcy.tools.info import cpu_model
+    assert f"CPU: {cpu_model()}" in out
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("---")) + 1
+    rows = lines[start:lines.index("", start)]
+    assert rows and all(line.startswith(("decode", "prefill")) for line in rows)
+    assert {int(line[34:38]) for line in rows} == ({1, 2} if threads == "2" else {1})
+    assert ("prefill scaling 1 -> 2 threads" in out) == (threads == "2")
+    from pagedcy._libs._attention import simd_level
+    assert any("AVX2 kernels" in line for line in rows) == (simd is None and simd_level() == 2)
+    # stderr is a pipe here: no progress drawing (it used to write "\r\033[K" status lines)
+    assert proc.stderr == "", repr(proc.stderr[:300])

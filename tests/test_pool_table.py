@@ -36,13 +36,16 @@ def test_free_list_is_lifo_across_cycles():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 24), st.lists(st.tuples(st.booleans(), st.integers(0, 1000)), max_size=80))
+@given(st.integers(1, 150), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1000)),
+                                     max_size=300))
 def test_pool_matches_stack_model(max_pages, ops):
-    """Random alloc/free/incref sequences against a Python stack + refcount model."""
+    """Random alloc/free/incref sequences against a Python stack + refcount model (long
+    enough to cross the pool's internal growth steps several times)."""
     pool = PagePool(max_pages, 3)
     stack = list(range(max_pages - 1, -1, -1))
     refs = [0] * max_pages
-    for is_alloc, r in ops:
+    for op, r in ops:
+        is_alloc = op > 0            # allocate 3 times out of 4, so the pool fills up
         allocated = [i for i in range(max_pages) if refs[i]]
         if is_alloc or not allocated:
             want = stack.pop() if stack else None
@@ -63,7 +66,61 @@ def test_pool_matches_stack_model(max_pages, ops):
         assert pool.ref_counts().tolist() == refs
         assert pool.free_count() == len(stack)
         assert pool.allocated_count() == max_pages - len(stack)
-        assert [pool.is_free(i) for i in range(max_pages)] == [c == 0 for c in refs]
+    assert [pool.is_free(i) for i in range(max_pages)] == [c == 0 for c in refs]
+    assert [pool.ref_count(i) for i in range(max_pages)] == refs
+
+
+def traced_bytes_of(fn):
+    """(result of fn(), peak bytes it allocated through Python's and NumPy's allocators)."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        out = fn()
+        return out, tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+def test_pool_construction_is_independent_of_max_pages():
+    # The free list and reference counts grow with the pages handed out, not with max_pages:
+    # a pool of 2**24 pages over a caller's buffer allocates next to nothing up front (it used
+    # to write an 8-byte free-list entry and refcount for every page in __init__).
+    n = 2**24
+    buf = np.zeros(n * 2, np.uint8)
+    pool, nbytes = traced_bytes_of(lambda: PagePool(n, 1, "float16", buffer=buf))
+    assert nbytes < 64 * 1024, nbytes
+    assert pool.free_count() == n and pool.allocated_count() == 0
+    pages, nbytes = traced_bytes_of(lambda: [pool.alloc() for _ in range(1000)])
+    assert pages == list(range(1000))
+    assert nbytes < 64 * 1024 + 1000 * 100, nbytes          # the list of ints itself, + O(pages)
+    assert pool.free_list()[-3:].tolist() == [1002, 1001, 1000]
+
+
+def test_pool_of_2_31_minus_1_pages_over_a_sparse_file(tmp_path):
+    # The largest pool over a sparse file: nothing touches its pages, so this needs neither
+    # 4 GiB of memory nor of disk. Every observable bit of a fresh pool holds.
+    n = 2**31 - 1
+    path = tmp_path / "pool.bin"
+    with open(path, "wb") as f:
+        f.truncate(n * 2)
+    buf = np.memmap(path, dtype=np.uint8, mode="r+", shape=(n * 2,))
+    pool, nbytes = traced_bytes_of(lambda: PagePool(n, 1, "float16", buffer=buf))
+    assert nbytes < 64 * 1024, nbytes
+    assert (pool.free_count(), pool.allocated_count(), len(pool)) == (n, 0, n)
+    assert [pool.alloc(), pool.alloc(), pool.alloc()] == [0, 1, 2]
+    pool.free(1)
+    pool.incref(2)
+    assert (pool.ref_count(1), pool.ref_count(2), pool.ref_count(n - 1)) == (0, 2, 0)
+    assert pool.is_free(n - 1) and not pool.is_free(0)
+    assert pool.alloc() == 1 and pool.alloc() == 3
+    assert pool.free_count() == n - 4
+    got = pool.alloc_many(5)
+    assert got.tolist() == [4, 5, 6, 7, 8]
+    pool.page_data_mut(n - 1)[:] = 2.5
+    assert pool.as_array()[n - 1, 0] == 2.5 and pool.page_data(n - 1)[0] == 2.5
+    del pool, buf
 
 
 def test_refcount_shared_page_needs_every_free():
@@ -159,16 +216,12 @@ def test_page_views_are_zero_copy(dtype):
     assert np.array_equal(pool.page_data(2).view(pattern.dtype), pattern[::-1])
 
 
-POOL_ALIGN_BUG = (
-    "BUG: pagedcy/_pool.pyx PagePool.__init__ computes the alignment offset as "
-    "(-addr) % ALIGN with cdivision=True, i.e. C remainder, which is negative for any "
-    "address not already 64-byte aligned; raw[offset:offset+nbytes] is then an EMPTY slice "
-    "whose data pointer lies past the end of `raw`: as_array() raises ValueError (cannot "
-    "reshape size 0) and every page write goes out of bounds of the heap block")
-
-
 def test_buffer_is_4k_aligned_and_sized():
-    # Many pools of many sizes: a fix-up that only works for some heap addresses must fail here.
+    """Regression: the alignment offset was once (-addr) % ALIGN in C arithmetic (cdivision),
+    negative for most addresses: the pool's buffer became an empty slice past the end of its
+    allocation, as_array() failed and every page write went out of bounds.
+
+    Many pools of many sizes: a fix-up that only works for some heap addresses fails here."""
     for dtype in DTYPES:
         for max_pages, fpp in [(1, 1), (3, 5), (4, 128), (7, 1000), (2, 4096 * 16)]:
             for _ in range(8):
@@ -237,7 +290,7 @@ def test_table_push_pop_and_physical_pages():
     assert t.pop_page() is None and t.pop_front_page() is None
 
 
-def test_pop_clamps_seq_len_like_the_seed():
+def test_pop_clamps_seq_len_to_the_remaining_pages():
     t = PageTable(4)
     for p in range(3):
         t.push_page(p)

@@ -359,3 +359,46 @@ def test_gathers_never_see_a_half_written_bulk_append():
     for t in threads:
         t.join(300)
     assert not errors, errors[0]
+
+
+def test_page_lists_read_while_appends_grow_the_table_and_free_list():
+    """page_ids()/free_page_ids() copy the table and the free list while other threads'
+    appends (GIL released) grow both by reallocation: each snapshot must be whole. With
+    page_size 1 on a fresh NONE pool the pages are handed out in order, so a snapshot is
+    [0, k) held and [max-1 .. k] free for some k."""
+    cfg = PagedKVCacheConfig(1, 2048, 2, HEADS, HEAD_DIM)
+    cache = PagedKVCache(cfg)
+    rows = np.ones((2, 16, KV_DIM), np.float32)       # 256 KiB per call: the GIL is dropped
+    done = threading.Event()
+    errors = []
+
+    def writer():
+        try:
+            while True:
+                try:
+                    cache.append_tokens(rows, rows)
+                except PoolExhaustedError:
+                    return
+        except BaseException as e:      # noqa: BLE001
+            errors.append(e)
+        finally:
+            done.set()
+
+    def reader():
+        try:
+            while not done.is_set():
+                held = cache.page_ids()
+                assert np.array_equal(held, np.arange(len(held))), held[:20]
+                free = cache.free_page_ids()
+                k = cfg.max_pages - len(free)
+                assert np.array_equal(free, np.arange(cfg.max_pages - 1, k - 1, -1)), free[-20:]
+        except BaseException as e:      # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads) and not errors, errors[:1]
+    assert cache.num_pages() == cfg.max_pages

@@ -7,6 +7,7 @@ from cython.parallel cimport prange
 from libc.stdint cimport int64_t
 
 from pagedcy._libs._threads import resolve_num_threads
+from pagedcy import _validate
 
 cnp.import_array()
 
@@ -57,6 +58,22 @@ cdef extern from *:
     float pagedcy_bw_sum(const float *x, long long n) noexcept nogil
 
 
+cdef double c_read_pass(const float *x, int64_t n, int num_threads) noexcept nogil:
+    """Sum of x[0:n], read by num_threads threads in contiguous chunks (16 per thread)."""
+    cdef int64_t nchunks = num_threads * 16
+    cdef int64_t per = (n + nchunks - 1) // nchunks
+    cdef int64_t c, lo, hi
+    cdef double total = 0.0
+    for c in prange(nchunks, num_threads=num_threads, schedule='static'):
+        lo = c * per
+        hi = lo + per
+        if hi > n:
+            hi = n
+        if lo < hi:
+            total += pagedcy_bw_sum(x + lo, hi - lo)
+    return total
+
+
 def read_bandwidth(nbytes=512 * 2**20, num_threads=None, repeats=5, *, buffer=None):
     """Best read bandwidth in GB/s (1e9 bytes/s) over ``repeats`` passes.
 
@@ -67,46 +84,35 @@ def read_bandwidth(nbytes=512 * 2**20, num_threads=None, repeats=5, *, buffer=No
     read back from the last-level cache. ``buffer``: a 1-D C-contiguous
     float32 array of ones to reuse instead (``nbytes`` is then its size), so
     repeated calls do not allocate. ``num_threads`` follows
-    ``resolve_num_threads``. Raises ValueError for ``nbytes < 4096``,
-    ``repeats < 1`` or a bad ``buffer``, TypeError for a non-float32 one.
+    ``resolve_num_threads``. Raises TypeError for non-integer sizes or a
+    non-float32 buffer, ValueError for ``nbytes < 4096``, ``repeats < 1`` or
+    a buffer of the wrong shape.
     """
-    repeats = int(repeats)
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    reps = _validate.check_positive(repeats, "repeats")
     if buffer is None:
-        nbytes = int(nbytes)
-        if nbytes < 4096:
-            raise ValueError(f"nbytes must be >= 4096, got {nbytes}")
-        buf = np.ones(nbytes // 4, dtype=np.float32)     # touching it faults the pages in
+        size = _validate.check_count(nbytes, "nbytes")
+        if size < 4096:
+            raise ValueError(f"nbytes must be >= 4096, got {size}")
+        buf = np.ones(size // 4, dtype=np.float32)     # touching it faults the pages in
     else:
         buf = buffer
         if not isinstance(buf, np.ndarray) or buf.dtype != np.float32:
             raise TypeError("buffer must be a float32 numpy array")
         if buf.ndim != 1 or not buf.flags.c_contiguous or buf.nbytes < 4096:
             raise ValueError("buffer must be 1-D, C-contiguous and at least 4096 bytes")
-    nbytes = buf.nbytes
+    size = buf.nbytes
     cdef int nt = resolve_num_threads(num_threads)
     cdef const float *x = <const float *>cnp.PyArray_DATA(buf)
     cdef int64_t n = buf.shape[0]
-    cdef int64_t nchunks = nt * 16
-    cdef int64_t per = (n + nchunks - 1) // nchunks
-    cdef int64_t c, lo, hi
     cdef double total
     best = 0.0
-    for it in range(repeats + 1):
-        total = 0.0
+    for it in range(reps + 1):
         t0 = time.perf_counter()
         with nogil:
-            for c in prange(nchunks, num_threads=nt, schedule='static'):
-                lo = c * per
-                hi = lo + per
-                if hi > n:
-                    hi = n
-                if lo < hi:
-                    total += pagedcy_bw_sum(x + lo, hi - lo)
+            total = c_read_pass(x, n, nt)
         dt = time.perf_counter() - t0
         if total != <double>n:       # uses the result, and checks the loop read everything
             raise RuntimeError("read_bandwidth: checksum mismatch (is the buffer all ones?)")
         if it > 0:
-            best = max(best, nbytes / dt / 1e9)
+            best = max(best, size / dt / 1e9)
     return best

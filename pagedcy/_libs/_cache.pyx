@@ -7,24 +7,12 @@ from pagedcy._libs._sync cimport PyThread_type_lock, new_lock, acquire, release,
 from pagedcy._libs._pool cimport PagePool
 from pagedcy._libs._table cimport PageTable
 from pagedcy._libs._store cimport KVPageStore, NOGIL_BYTES
+from pagedcy._libs._args cimport index_arg
 from pagedcy import _validate
 from pagedcy.config import EvictionPolicy, PagedKVCacheConfig
 from pagedcy.errors import PoolExhaustedError
 
 cnp.import_array()
-
-
-cdef inline Py_ssize_t layer_index(object layer, Py_ssize_t num_layers) except -1:
-    # Exact ints take the C path; everything else goes through the shared validator.
-    cdef Py_ssize_t L
-    if type(layer) is int:
-        try:
-            L = layer
-        except OverflowError:
-            raise IndexError(f"layer {layer} out of range [0, {num_layers})") from None
-        if 0 <= L < num_layers:
-            return L
-    return _validate.check_index(layer, num_layers, "layer")
 
 
 cdef class PagedKVCache:
@@ -42,14 +30,6 @@ cdef class PagedKVCache:
 
     Every method is safe to call from several Python threads.
     """
-    cdef readonly object config
-    cdef KVPageStore store
-    cdef PagePool pool
-    cdef PageTable table
-    cdef Py_ssize_t evicted
-    cdef bint lru
-    cdef bint pending      # append_kv_layer wrote position seq_len and advance() has not run
-    cdef PyThread_type_lock lock
 
     def __cinit__(self, *args, **kwargs):
         self.lock = new_lock()
@@ -70,18 +50,36 @@ cdef class PagedKVCache:
         self.lru = config.eviction == EvictionPolicy.LRU
         self.evicted = 0
 
-    # -- nogil core ---------------------------------------------------------
+    # -- nogil core: self.lock held; the pool and table are private to this cache --------
     cdef int c_ensure_page(self) noexcept nogil:
         """Make the table's capacity exceed seq_len by mapping one more page, evicting the
-        oldest page if the pool is empty and the policy allows. 0 ok, -1 exhausted, -2 no memory."""
-        cdef Py_ssize_t p = self.pool.c_alloc()
-        if p < 0:
-            if not self.lru or self.table.count == 0:
+        oldest page if the pool is empty and the policy allows.
+        0 ok, -1 exhausted, -2 out of memory; nothing changes unless it returns 0."""
+        cdef Py_ssize_t p
+        if self.table.c_reserve(self.table.num_entries() + 1) < 0:
+            return -2                          # now the push below cannot fail
+        p = self.pool.c_alloc()
+        if p == -2:
+            return -2
+        if p == -1:
+            if not self.lru or self.table.num_entries() == 0:
                 return -1
             # The front page is full (pages fill in order), so dropping it drops page_size tokens.
             p = self.table.c_pop_front()
             self.evicted += self.table.page_size
-        if self.table.c_push(<int32_t>p) < 0:
+        self.table.c_push(<int32_t>p)
+        return 0
+
+    cdef int c_reserve(self, Py_ssize_t n_tokens) noexcept nogil:
+        """Allocate now whatever appending n_tokens would need (table and free-list room),
+        so the append itself cannot run out of memory half-way: 0, or -2 (no change)."""
+        cdef Py_ssize_t ps = self.table.page_size
+        cdef Py_ssize_t need = (self.table.c_seq_len() + n_tokens + ps - 1) // ps \
+            - self.table.num_entries()
+        if need <= 0:
+            return 0
+        if self.table.c_reserve(min(self.table.num_entries() + need, self.pool.max_pages)) < 0 \
+                or self.pool.c_reserve(need) < 0:
             return -2
         return 0
 
@@ -94,13 +92,13 @@ cdef class PagedKVCache:
         cdef Py_ssize_t ps = self.table.page_size, kvd = self.store.kv_dim
         cdef Py_ssize_t done = 0, run, l, rc, held
         while done < n:
-            held = self.table._seq_len
-            if held == self.table.count * ps:
+            held = self.table.c_seq_len()
+            if held == self.table.capacity_tokens():
                 rc = self.c_ensure_page()
                 if rc < 0:
                     return rc
-                held = self.table._seq_len
-            run = self.table.count * ps - held
+                held = self.table.c_seq_len()
+            run = self.table.capacity_tokens() - held
             if run > n - done:
                 run = n - done
             for l in range(nlayers):
@@ -109,7 +107,7 @@ cdef class PagedKVCache:
                                    v + l * src_layer_stride + done * kvd)
             done += run
             if advance:
-                self.table._seq_len = held + run
+                self.table.c_set_seq_len(held + run)
         return 0
 
     cdef object exhausted(self):
@@ -120,7 +118,7 @@ cdef class PagedKVCache:
     # -- Python API ---------------------------------------------------------
     def seq_len(self):
         """Number of tokens held (after eviction, the window's length)."""
-        return self.table._seq_len
+        return self.table.c_seq_len()
 
     def evicted_tokens(self):
         """Tokens dropped from the front by LRU eviction; absolute position = this + index."""
@@ -132,19 +130,28 @@ cdef class PagedKVCache:
 
     def num_pages(self):
         """Pages mapped by this sequence."""
-        return self.table.count
+        return self.table.num_entries()
 
     def free_pages(self):
         """Free pages left in the pool."""
-        return self.pool.n_free
+        return self.pool.free_count()
 
     def page_ids(self):
         """Physical pages of the sequence in logical order (int32 array; a block-table row)."""
-        return self.table.physical_pages()
+        # Under the cache's lock: appends grow the table with only that lock held.
+        acquire(self.lock)
+        try:
+            return self.table.physical_pages()
+        finally:
+            release(self.lock)
 
     def free_page_ids(self):
         """The pool's free list (int32 array)."""
-        return self.pool.free_list()
+        acquire(self.lock)
+        try:
+            return self.pool.free_list()
+        finally:
+            release(self.lock)
 
     def pages(self):
         """The page storage as a zero-copy array
@@ -159,7 +166,7 @@ cdef class PagedKVCache:
         TypeError/ValueError (dtype/shape) and PoolExhaustedError (no page, policy NONE);
         the cache is unchanged after any error.
         """
-        cdef Py_ssize_t L = layer_index(layer, self.store.num_layers)
+        cdef Py_ssize_t L = index_arg(layer, self.store.num_layers, "layer")
         kk = self.store.rows(k, "k", 1)
         vv = self.store.rows(v, "v", 1)
         cdef const float *kp = <const float *>cnp.PyArray_DATA(kk)
@@ -173,7 +180,7 @@ cdef class PagedKVCache:
         if rc == -1:
             raise self.exhausted()
         if rc == -2:
-            raise MemoryError("cannot grow the page table")
+            raise MemoryError("cannot map a page: out of memory")
 
     def advance(self):
         """Count the token written by ``append_kv_layer`` (seq_len += 1).
@@ -181,9 +188,9 @@ cdef class PagedKVCache:
         Raises ValueError unless append_kv_layer wrote a token since the last advance."""
         acquire(self.lock)
         try:
-            if not self.pending:
+            # pending means append_kv_layer mapped the page position seq_len lives in
+            if not self.pending or self.table.c_set_seq_len(self.table.c_seq_len() + 1) < 0:
                 raise ValueError("advance() without a token: append_kv_layer() it first")
-            self.table._seq_len += 1
             self.pending = False
         finally:
             release(self.lock)
@@ -209,28 +216,30 @@ cdef class PagedKVCache:
         cdef int rc
         acquire(self.lock)
         try:
-            need = (self.table._seq_len + n + ps - 1) // ps - self.table.count
+            need = (self.table.c_seq_len() + n + ps - 1) // ps - self.table.num_entries()
             if not self.lru and need > self.pool.n_free:
                 raise self.exhausted()
-            if n * nl * self.store.row_bytes >= NOGIL_BYTES:
-                with nogil:
+            rc = self.c_reserve(n)
+            if rc == 0:
+                if n * nl * self.store.row_bytes >= NOGIL_BYTES:
+                    with nogil:
+                        rc = self.c_append(0, kp, vp, n, stride, nl, True)
+                else:
                     rc = self.c_append(0, kp, vp, n, stride, nl, True)
-            else:
-                rc = self.c_append(0, kp, vp, n, stride, nl, True)
-            self.pending = False
+                self.pending = False
         finally:
             release(self.lock)
-        if rc == -2:
-            raise MemoryError("cannot grow the page table")
+        if rc < 0:        # only c_reserve can fail: c_append then has every page's room
+            raise MemoryError(f"cannot map {need} pages: out of memory")
 
     def _gather(self, layer, int which, dst):
-        cdef Py_ssize_t L = layer_index(layer, self.store.num_layers)
+        cdef Py_ssize_t L = index_arg(layer, self.store.num_layers, "layer")
         cdef Py_ssize_t n, kvd = self.store.kv_dim
         cdef char *out
         cdef bint f32
         acquire(self.lock)
         try:
-            n = self.table._seq_len
+            n = self.table.c_seq_len()
             dt = self.pool.dtype
             if dst is None:
                 dst = np.empty((n, kvd), dtype=dt)
@@ -268,12 +277,12 @@ cdef class PagedKVCache:
     def reset(self):
         """Return every page to the pool and forget the sequence (evicted_tokens back to 0)."""
         cdef Py_ssize_t i
+        cdef const int32_t *pages
         acquire(self.lock)
-        for i in range(self.table.count):
-            self.pool.c_release(self.table.entries()[i])
-        self.table.head = 0
-        self.table.count = 0
-        self.table._seq_len = 0
+        pages = self.table.entries()
+        for i in range(self.table.num_entries()):
+            self.pool.c_release(pages[i])
+        self.table.c_clear()
         self.evicted = 0
         self.pending = False
         release(self.lock)
@@ -303,10 +312,10 @@ cdef class PagedKVCache:
             return batch_paged_attention(
                 q, np.array([0, q.shape[0]], dtype=np.int32), self.store.pages(), layer,
                 self.table.physical_pages()[None, :],
-                np.array([self.table._seq_len], dtype=np.int32), **options)
+                np.array([self.table.c_seq_len()], dtype=np.int32), **options)
         finally:
             release(self.lock)
 
     def __repr__(self):
-        return (f"PagedKVCache(seq_len={self.table._seq_len}, pages={self.table.count}, "
-                f"free={self.pool.n_free}, evicted_tokens={self.evicted})")
+        return (f"PagedKVCache(seq_len={self.table.c_seq_len()}, pages={self.table.num_entries()}, "
+                f"free={self.pool.free_count()}, evicted_tokens={self.evicted})")

@@ -11,54 +11,76 @@ from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
 
 from pagedcy._libs._store cimport KVPageStore, pagedcy_kv_store
+from pagedcy._libs._args cimport index_arg
+from pagedcy import _validate
 
 cnp.import_array()
 
 
-def write_token_rows(KVPageStore store, pages, offsets, layer, keys, values):
-    """Write row ``i`` of ``keys``/``values`` (float32 ``[n, kv_dim]``, C-contiguous) into
-    slot ``offsets[i]`` of page ``pages[i]`` of ``layer`` -- one token for each of ``n``
-    sequences, in one GIL-free loop.
+cdef void c_write_rows(KVPageStore store, const int32_t *pages, const int32_t *offsets,
+                       Py_ssize_t n, Py_ssize_t layer, const float *k, const float *v) noexcept nogil:
+    """Row i of k/v (kv_dim floats each) into slot offsets[i] of page pages[i]; all checked."""
+    cdef Py_ssize_t i, kvd = store.kv_dim
+    cdef int code = store.code
+    for i in range(n):
+        pagedcy_kv_store(code, store.row_ptr(pages[i], layer, 0, offsets[i]), k + i * kvd, kvd,
+                         store.head_dim)
+        pagedcy_kv_store(code, store.row_ptr(pages[i], layer, 1, offsets[i]), v + i * kvd, kvd,
+                         store.head_dim)
 
-    pages, offsets: int32 ``[n]``. Raises IndexError for a page, offset or layer out of
-    range and ValueError/TypeError for shapes/dtypes; nothing is written then.
+
+cdef cnp.ndarray _ids(object x, str name, Py_ssize_t upper):
+    # int32 C-contiguous 1-D arrays (what the manager passes) are checked in C; anything
+    # else goes through the shared validator, which range-checks before narrowing.
+    cdef cnp.ndarray a
+    cdef const int32_t *p
+    cdef Py_ssize_t i
+    if type(x) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>x) == cnp.NPY_INT32 \
+            and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x):
+        a = <cnp.ndarray>x
+        p = <const int32_t *>cnp.PyArray_DATA(a)
+        for i in range(cnp.PyArray_SIZE(a)):
+            if p[i] < 0 or p[i] >= upper:
+                break
+        else:
+            return a
+    return _validate.index_array(x, name, upper)
+
+
+def write_token_rows(KVPageStore store not None, pages, offsets, layer, keys, values):
+    """Write row ``i`` of ``keys``/``values`` (``[n, kv_dim]`` or ``[n, num_kv_heads,
+    head_dim]``, float; float32 C-contiguous is used in place) into slot ``offsets[i]``
+    of page ``pages[i]`` of ``layer`` -- one token for each of ``n`` sequences, in one
+    GIL-free loop.
+
+    pages, offsets: integer ``[n]`` (int32 C-contiguous is used in place). Raises
+    IndexError for a page, offset or layer out of range, ValueError for shapes and
+    TypeError for dtypes; nothing is written then.
     """
-    cdef cnp.ndarray p = np.ascontiguousarray(pages, dtype=np.int32)
-    cdef cnp.ndarray o = np.ascontiguousarray(offsets, dtype=np.int32)
-    cdef cnp.ndarray k = np.ascontiguousarray(keys, dtype=np.float32)
-    cdef cnp.ndarray v = np.ascontiguousarray(values, dtype=np.float32)
-    cdef Py_ssize_t n = p.shape[0], i, kvd = store.kv_dim
-    cdef Py_ssize_t L = layer
-    if p.ndim != 1 or o.ndim != 1 or o.shape[0] != n:
-        raise ValueError("pages and offsets must be 1-D of the same length")
-    if k.ndim != 2 or v.ndim != 2 or k.shape[0] != n or v.shape[0] != n \
-            or k.shape[1] != kvd or v.shape[1] != kvd:
-        raise ValueError(f"keys/values must be [{n}, {kvd}]")
-    if L < 0 or L >= store.num_layers:
-        raise IndexError(f"layer {L} out of range [0, {store.num_layers})")
+    cdef Py_ssize_t L = index_arg(layer, store.num_layers, "layer")
+    cdef cnp.ndarray p = _ids(pages, "pages", store.pool.max_pages)
+    cdef cnp.ndarray o = _ids(offsets, "offsets", store.page_size)
+    if p.ndim != 1 or o.ndim != 1 or o.shape[0] != p.shape[0]:
+        raise ValueError(f"pages and offsets must be 1-D of the same length, got shapes "
+                         f"{(<object>p).shape} and {(<object>o).shape}")
+    cdef Py_ssize_t n = p.shape[0]
+    cdef cnp.ndarray k = store.rows(keys, "keys", n)
+    cdef cnp.ndarray v = store.rows(values, "values", n)
     cdef const int32_t *pp = <const int32_t *>cnp.PyArray_DATA(p)
     cdef const int32_t *op = <const int32_t *>cnp.PyArray_DATA(o)
     cdef const float *kp = <const float *>cnp.PyArray_DATA(k)
     cdef const float *vp = <const float *>cnp.PyArray_DATA(v)
-    cdef Py_ssize_t maxp = store.pool.max_pages, ps = store.page_size
-    for i in range(n):
-        if pp[i] < 0 or pp[i] >= maxp:
-            raise IndexError(f"page {pp[i]} out of range [0, {maxp})")
-        if op[i] < 0 or op[i] >= ps:
-            raise IndexError(f"offset {op[i]} out of range [0, {ps})")
-    cdef int code = store.pool.dtype_code
     with nogil:
-        for i in range(n):
-            pagedcy_kv_store(code, store.row_ptr(pp[i], L, 0, op[i]), kp + i * kvd, kvd, store.head_dim)
-            pagedcy_kv_store(code, store.row_ptr(pp[i], L, 1, op[i]), vp + i * kvd, kvd, store.head_dim)
+        c_write_rows(store, pp, op, n, L, kp, vp)
 
 
-def build_block_table(list tables, Py_ssize_t width):
+def build_block_table(list tables not None, width):
     """Stack per-sequence int32 block tables (1-D, C-contiguous, length <= ``width``)
     into a zero-padded int32 ``[len(tables), width]`` array for the attention kernel.
     Padding is page 0, which the kernel never reads past a row's ``kv_len``."""
     cdef Py_ssize_t b, n, B = len(tables)
-    out = np.zeros((B, width), dtype=np.int32)
+    cdef Py_ssize_t W = _validate.check_count(width, "width", 2**31 - 1)
+    out = np.zeros((B, W), dtype=np.int32)
     cdef int32_t *dst = <int32_t *>cnp.PyArray_DATA(out)
     cdef cnp.ndarray t
     for b in range(B):
@@ -66,8 +88,8 @@ def build_block_table(list tables, Py_ssize_t width):
         if cnp.PyArray_TYPE(t) != cnp.NPY_INT32 or not cnp.PyArray_IS_C_CONTIGUOUS(t) or t.ndim != 1:
             raise TypeError("block tables must be 1-D C-contiguous int32 arrays")
         n = t.shape[0]
-        if n > width:
-            raise ValueError(f"block table {b} has {n} entries, more than width {width}")
+        if n > W:
+            raise ValueError(f"block table {b} has {n} entries, more than width {W}")
         if n:
-            memcpy(dst + b * width, cnp.PyArray_DATA(t), n * sizeof(int32_t))
+            memcpy(dst + b * W, cnp.PyArray_DATA(t), n * sizeof(int32_t))
     return out

@@ -1,14 +1,13 @@
 """PagePool: one contiguous page buffer with a LIFO free list and reference counts."""
-import operator
-
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, uintptr_t
 from libc.string cimport memcpy
-from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.mem cimport PyMem_RawRealloc, PyMem_RawFree
 
 from pagedcy._libs._sync cimport new_lock, acquire, release, PyThread_free_lock
-from pagedcy import dtypes as _dtypes
+from pagedcy._libs._args cimport index_arg
+from pagedcy import _validate, dtypes as _dtypes
 
 cnp.import_array()
 
@@ -28,24 +27,11 @@ def aligned_zeros(nbytes):
     (``.view(dtype).reshape(shape)``) make page arrays laid out as the pool's.
     Memory is mapped lazily, so untouched pages cost nothing.
     """
-    cdef Py_ssize_t n = as_index(nbytes, "nbytes"), offset
-    if n < 0:
-        raise ValueError(f"nbytes must be >= 0, got {n}")
+    cdef Py_ssize_t n = _validate.check_count(nbytes, "nbytes"), offset
     raw = np.zeros(n + ALIGN, dtype=np.uint8)
     # Unsigned arithmetic: with cdivision a negative operand would give a negative offset.
     offset = <Py_ssize_t>((ALIGN - (<uintptr_t>cnp.PyArray_DATA(raw)) % ALIGN) % ALIGN)
     return raw[offset:offset + n]
-
-
-cdef Py_ssize_t as_index(object value, str name) except? -1:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
-    except OverflowError:
-        raise IndexError(f"{name} {value} is out of range") from None
 
 
 cdef class PagePool:
@@ -63,30 +49,28 @@ cdef class PagePool:
     ``buffer`` may be any writable C-contiguous buffer of at least the pool's
     size in bytes (e.g. a ``numpy.memmap`` for a pool that spills to disk).
 
-    Raises ValueError for non-positive sizes, TypeError for a bad dtype/buffer.
+    Construction costs the same for any ``max_pages``: the free list and reference
+    counts grow with the pages handed out.
+
+    Raises TypeError for non-integer sizes and a bad dtype/buffer, ValueError for
+    sizes out of range.
     """
 
     def __cinit__(self, max_pages, floats_per_page, dtype="float32", buffer=None):
         self.lock = new_lock()
 
     def __init__(self, max_pages, floats_per_page, dtype="float32", buffer=None):
-        cdef Py_ssize_t i, nbytes
-        if self.stack != NULL:
+        cdef Py_ssize_t nbytes
+        if self.max_pages:
             raise RuntimeError("PagePool is already initialised")
-        mp = as_index(max_pages, "max_pages")
-        fpp = as_index(floats_per_page, "floats_per_page")
-        if mp <= 0 or mp >= 2**31:
-            raise ValueError(f"max_pages must be in [1, 2**31), got {mp}")
-        if fpp <= 0 or fpp >= 2**40:
-            raise ValueError(f"floats_per_page must be in [1, 2**40), got {fpp}")
+        mp = _validate.check_positive(max_pages, "max_pages", 2**31)
+        fpp = _validate.check_positive(floats_per_page, "floats_per_page", 2**40)
         name = _dtypes.normalize_dtype(dtype) if not (isinstance(dtype, np.dtype) and dtype == np.uint16) else "bfloat16"
         self.dtype_code = _dtypes.DTYPE_CODES[name]
         self._dtype = _dtypes.storage_dtype(name)
         self.itemsize = _dtypes.itemsize(name)
         if mp * fpp * self.itemsize >= 2**46:
             raise ValueError("pool too large")
-        self.max_pages = mp
-        self.floats_per_page = fpp
         self.page_bytes = fpp * self.itemsize
         nbytes = mp * self.page_bytes
         if buffer is None:
@@ -105,28 +89,52 @@ cdef class PagePool:
                 raise ValueError(f"buffer holds {view.shape[0]} bytes, the pool needs {nbytes}")
             self._buffer = view[:nbytes]
         self.data = <char *>cnp.PyArray_DATA(self._buffer)
-        self.stack = <int32_t *>PyMem_Malloc(mp * sizeof(int32_t))
-        self.refs = <int32_t *>PyMem_Malloc(mp * sizeof(int32_t))
-        if self.stack == NULL or self.refs == NULL:
-            raise MemoryError("cannot allocate the free list")
-        for i in range(mp):
-            self.stack[i] = <int32_t>(mp - 1 - i)
-            self.refs[i] = 0
+        self.max_pages = mp
+        self.floats_per_page = fpp
         self.n_free = mp
 
     def __dealloc__(self):
-        PyMem_Free(self.stack)
-        PyMem_Free(self.refs)
+        PyMem_RawFree(self.stack)
+        PyMem_RawFree(self.refs)
         if self.lock != NULL:
             PyThread_free_lock(self.lock)
 
     # -- nogil core ---------------------------------------------------------
+    cdef int c_reserve(self, Py_ssize_t n) noexcept nogil:
+        """Make the next ``n`` allocations need no memory: 0, or -1 when out of memory
+        (nothing changed). Raw allocator: callers may hold no GIL."""
+        cdef Py_ssize_t recycled = self.n_free - (self.max_pages - self.fresh)
+        cdef Py_ssize_t need = self.fresh + min(max(n - recycled, 0), self.max_pages - self.fresh)
+        cdef Py_ssize_t new_cap
+        cdef int32_t *p
+        if need <= self.cap:
+            return 0
+        new_cap = min(max(need, 2 * self.cap, 16), self.max_pages)
+        p = <int32_t *>PyMem_RawRealloc(self.stack, new_cap * sizeof(int32_t))
+        if p == NULL:
+            return -1
+        self.stack = p
+        # refs past fresh stay unwritten until their page is handed out (c_ref reads 0 there).
+        p = <int32_t *>PyMem_RawRealloc(self.refs, new_cap * sizeof(int32_t))
+        if p == NULL:
+            return -1                 # stack is just larger than cap: harmless
+        self.refs = p
+        self.cap = new_cap
+        return 0
+
     cdef Py_ssize_t c_alloc(self) noexcept nogil:
-        """Pop a free page (refcount 1) or return -1 when exhausted."""
+        """Pop a free page (refcount 1); -1 when exhausted, -2 out of memory (no change)."""
+        cdef Py_ssize_t p, recycled = self.n_free - (self.max_pages - self.fresh)
         if self.n_free == 0:
             return -1
+        if recycled > 0:
+            p = self.stack[recycled - 1]
+        else:
+            if self.fresh == self.cap and self.c_reserve(1) < 0:
+                return -2
+            p = self.fresh
+            self.fresh += 1
         self.n_free -= 1
-        cdef Py_ssize_t p = self.stack[self.n_free]
         self.refs[p] = 1
         return p
 
@@ -135,18 +143,19 @@ cdef class PagePool:
         The caller has checked that the page is allocated."""
         self.refs[page] -= 1
         if self.refs[page] == 0:
-            self.stack[self.n_free] = <int32_t>page
+            # page < fresh, so fewer than fresh pages are recycled: stack has room.
+            self.stack[self.n_free - (self.max_pages - self.fresh)] = <int32_t>page
             self.n_free += 1
             return 1
         return 0
 
-    cdef int check_page(self, object page, bint allocated) except -1:
-        cdef Py_ssize_t p = as_index(page, "page")
-        if p < 0 or p >= self.max_pages:
-            raise IndexError(f"page {p} out of range [0, {self.max_pages})")
-        if allocated and self.refs[p] == 0:
+    cdef Py_ssize_t check_page(self, object page, bint allocated) except -1:
+        """``page`` as an index of this pool (TypeError / IndexError); with ``allocated``,
+        ValueError unless it is allocated. Takes no lock: callers reading refs hold it."""
+        cdef Py_ssize_t p = index_arg(page, self.max_pages, "page")
+        if allocated and self.c_ref(p) == 0:
             raise ValueError(f"page {p} is not allocated (double free?)")
-        return 0
+        return p
 
     # -- Python API ---------------------------------------------------------
     @property
@@ -165,13 +174,13 @@ cdef class PagePool:
         acquire(self.lock)
         p = self.c_alloc()
         release(self.lock)
+        if p == -2:
+            raise MemoryError("cannot grow the pool's free list")
         return None if p < 0 else p
 
     def alloc_many(self, n):
         """Take ``n`` pages at once (int32 array), or None and no change if fewer are free."""
-        cdef Py_ssize_t i, k = as_index(n, "n")
-        if k < 0:
-            raise ValueError(f"n must be >= 0, got {k}")
+        cdef Py_ssize_t i, k = _validate.check_count(n, "n")
         if k > self.max_pages:
             return None
         out = np.empty(k, dtype=np.int32)
@@ -180,6 +189,8 @@ cdef class PagePool:
         try:
             if k > self.n_free:
                 return None
+            if self.c_reserve(k) < 0:
+                raise MemoryError("cannot grow the pool's free list")
             for i in range(k):
                 o[i] = <int32_t>self.c_alloc()
         finally:
@@ -194,8 +205,7 @@ cdef class PagePool:
         """
         acquire(self.lock)
         try:
-            self.check_page(page, True)
-            self.c_release(page)
+            self.c_release(self.check_page(page, True))
         finally:
             release(self.lock)
 
@@ -203,15 +213,17 @@ cdef class PagePool:
         """Add a reference to an allocated page (shared by another owner)."""
         acquire(self.lock)
         try:
-            self.check_page(page, True)
-            self.refs[<Py_ssize_t>page] += 1
+            self.refs[self.check_page(page, True)] += 1
         finally:
             release(self.lock)
 
     def ref_count(self, page):
         """Number of references held on ``page`` (0 when free)."""
-        self.check_page(page, False)
-        return self.refs[<Py_ssize_t>page]
+        acquire(self.lock)
+        try:
+            return self.c_ref(self.check_page(page, False))
+        finally:
+            release(self.lock)
 
     def is_free(self, page):
         """True when ``page`` is on the free list."""
@@ -227,19 +239,28 @@ cdef class PagePool:
 
     def free_list(self):
         """The free list as an int32 array, the next page to be handed out last."""
+        cdef Py_ssize_t i, untouched
+        cdef int32_t *dst
         acquire(self.lock)
         try:
             out = np.empty(self.n_free, dtype=np.int32)
-            if self.n_free:
-                memcpy(cnp.PyArray_DATA(out), self.stack, self.n_free * sizeof(int32_t))
+            dst = <int32_t *>cnp.PyArray_DATA(out)
+            untouched = self.max_pages - self.fresh
+            for i in range(untouched):
+                dst[i] = <int32_t>(self.max_pages - 1 - i)
+            if self.n_free > untouched:
+                memcpy(dst + untouched, self.stack, (self.n_free - untouched) * sizeof(int32_t))
         finally:
             release(self.lock)
         return out
 
     def ref_counts(self):
         """Reference count of every page as an int32 array of length ``max_pages``."""
-        out = np.empty(self.max_pages, dtype=np.int32)
-        memcpy(cnp.PyArray_DATA(out), self.refs, self.max_pages * sizeof(int32_t))
+        out = np.zeros(self.max_pages, dtype=np.int32)
+        acquire(self.lock)
+        if self.fresh:
+            memcpy(cnp.PyArray_DATA(out), self.refs, self.fresh * sizeof(int32_t))
+        release(self.lock)
         return out
 
     def page_data(self, page):
@@ -250,8 +271,7 @@ cdef class PagePool:
 
     def page_data_mut(self, page):
         """Writable zero-copy view of one page: 1-D, ``floats_per_page`` values."""
-        self.check_page(page, False)
-        cdef Py_ssize_t p = page
+        cdef Py_ssize_t p = self.check_page(page, False)
         return self._buffer[p * self.page_bytes:(p + 1) * self.page_bytes].view(self._dtype)
 
     def as_array(self, shape=None):
@@ -264,10 +284,8 @@ cdef class PagePool:
 
     def copy_page(self, src, dst):
         """Copy the contents of page ``src`` into page ``dst`` (both in range)."""
-        self.check_page(src, False)
-        self.check_page(dst, False)
-        cdef char *s = self.page_ptr(src)
-        cdef char *d = self.page_ptr(dst)
+        cdef char *s = self.page_ptr(self.check_page(src, False))
+        cdef char *d = self.page_ptr(self.check_page(dst, False))
         cdef Py_ssize_t n = self.page_bytes
         if s != d:
             with nogil:

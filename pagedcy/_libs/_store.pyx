@@ -125,10 +125,8 @@ cdef class KVPageStore:
             raise ValueError(f"block table has {bt.shape[0]} pages, {npages} are needed")
         bt = bt[:npages]
         if bt.dtype != np.int32:
-            # Range-check before narrowing, or 2**32 + 1 would silently become page 1.
-            if npages and (bt.min() < 0 or bt.max() >= self.pool.max_pages):
-                raise IndexError(f"block table holds page ids outside the pool [0, {self.pool.max_pages})")
-            bt = bt.astype(np.int32)
+            # Range-checked before narrowing, or 2**32 + 1 would silently become page 1.
+            return _validate.index_array(bt, "block table", self.pool.max_pages)
         bt = np.ascontiguousarray(bt)
         if npages:
             self.check_table(<const int32_t *>cnp.PyArray_DATA(bt), npages)
@@ -193,16 +191,12 @@ cdef class KVPageStore:
         Both stores must share the same config geometry and dtype."""
         if src.pool.page_bytes != self.pool.page_bytes or src.code != self.code:
             raise ValueError("stores have different page geometry or dtype")
-        s = _validate.int_array(src_pages, "src_pages").astype(np.int64).reshape(-1)
-        d = _validate.int_array(dst_pages, "dst_pages").astype(np.int64).reshape(-1)
+        s = _validate.index_array(src_pages, "src_pages", src.pool.max_pages).reshape(-1)
+        d = _validate.index_array(dst_pages, "dst_pages", self.pool.max_pages).reshape(-1)
         if s.shape[0] != d.shape[0]:
             raise ValueError("src_pages and dst_pages differ in length")
-        if s.size and (s.min() < 0 or s.max() >= src.pool.max_pages):
-            raise IndexError("source page out of range")
-        if d.size and (d.min() < 0 or d.max() >= self.pool.max_pages):
-            raise IndexError("destination page out of range")
-        cdef const long long[::1] sv = s
-        cdef const long long[::1] dv = d
+        cdef const int32_t[::1] sv = s
+        cdef const int32_t[::1] dv = d
         cdef Py_ssize_t i, nb = self.pool.page_bytes, cnt = s.shape[0]
         with nogil:
             for i in range(cnt):

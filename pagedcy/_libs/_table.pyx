@@ -6,7 +6,8 @@ from libc.string cimport memcpy, memmove
 from cpython.mem cimport PyMem_RawMalloc, PyMem_RawRealloc, PyMem_RawFree
 
 from pagedcy._libs._sync cimport new_lock, acquire, release, PyThread_free_lock
-from pagedcy._libs._pool cimport as_index
+from pagedcy._libs._args cimport index_arg, int_arg
+from pagedcy import _validate
 
 cnp.import_array()
 
@@ -28,10 +29,7 @@ cdef class PageTable:
     def __init__(self, page_size):
         if self.buf != NULL:
             raise RuntimeError("PageTable is already initialised")
-        ps = as_index(page_size, "page_size")
-        if ps <= 0 or ps >= 2**31:
-            raise ValueError(f"page_size must be a positive integer, got {ps}")
-        self.page_size = ps
+        self.page_size = _validate.check_positive(page_size, "page_size", 2**31)
         self.cap = 8
         self.buf = <int32_t *>PyMem_RawMalloc(self.cap * sizeof(int32_t))
         if self.buf == NULL:
@@ -43,20 +41,31 @@ cdef class PageTable:
             PyThread_free_lock(self.lock)
 
     # -- nogil core ---------------------------------------------------------
-    cdef int c_push(self, int32_t page) except -1 nogil:
+    cdef int c_reserve(self, Py_ssize_t n) noexcept nogil:
+        """Room for ``n`` entries: until count exceeds n, pushes (after any pops) never
+        allocate. 0, or -1 when out of memory (nothing changed)."""
         cdef int32_t *nb
+        cdef Py_ssize_t new_cap
+        # Twice n: a push that finds the end full then has at least n slots free at the front,
+        # slides down instead of growing, and the slides cost O(1) amortised.
+        if 2 * n <= self.cap:
+            return 0
+        new_cap = max(2 * self.cap, 2 * n)
+        nb = <int32_t *>PyMem_RawRealloc(self.buf, new_cap * sizeof(int32_t))
+        if nb == NULL:
+            return -1
+        self.buf = nb
+        self.cap = new_cap
+        return 0
+
+    cdef int c_push(self, int32_t page) noexcept nogil:
+        """Append an entry: 0, or -1 when out of memory (nothing changed)."""
         if self.head + self.count == self.cap:
-            if self.head >= self.count:
-                # Enough slack at the front: slide down instead of growing (keeps O(1) amortised).
+            if self.c_reserve(self.count + 1) < 0:
+                return -1
+            if self.head + self.count == self.cap:
                 memmove(self.buf, self.buf + self.head, self.count * sizeof(int32_t))
                 self.head = 0
-            else:
-                nb = <int32_t *>PyMem_RawRealloc(self.buf, 2 * self.cap * sizeof(int32_t))
-                if nb == NULL:
-                    with gil:
-                        raise MemoryError("cannot grow the page table")
-                self.buf = nb
-                self.cap *= 2
         self.buf[self.head + self.count] = page
         self.count += 1
         return 0
@@ -82,6 +91,18 @@ cdef class PageTable:
             self._seq_len = self.count * self.page_size
         return p
 
+    cdef int c_set_seq_len(self, Py_ssize_t n) noexcept nogil:
+        """Set the token count: 0, or -1 (nothing changed) unless 0 <= n <= capacity."""
+        if n < 0 or n > self.count * self.page_size:
+            return -1
+        self._seq_len = n
+        return 0
+
+    cdef void c_clear(self) noexcept nogil:
+        self.head = 0
+        self.count = 0
+        self._seq_len = 0
+
     # -- Python API ---------------------------------------------------------
     def num_pages(self):
         """Number of logical pages mapped."""
@@ -100,26 +121,24 @@ cdef class PageTable:
 
         Raises IndexError when ``token_pos`` is negative or past the mapped pages.
         """
-        cdef Py_ssize_t pos = as_index(token_pos, "token_pos")
+        pos = int_arg(token_pos, "token_pos")
+        cdef Py_ssize_t p
         acquire(self.lock)
         try:
-            if pos < 0 or pos >= self.count * self.page_size:
-                raise IndexError(f"token position {pos} is outside the mapped pages "
-                                 f"[0, {self.count * self.page_size})")
-            return self.buf[self.head + pos // self.page_size], pos % self.page_size
+            p = index_arg(pos, self.count * self.page_size, "token position")
+            return self.buf[self.head + p // self.page_size], p % self.page_size
         finally:
             release(self.lock)
 
     def push_page(self, physical_idx):
         """Map the next logical page to ``physical_idx`` (0 <= physical_idx < 2**31)."""
-        cdef Py_ssize_t p = as_index(physical_idx, "physical_idx")
-        if p < 0 or p >= 2**31:
-            raise ValueError(f"physical page index must be in [0, 2**31), got {p}")
+        cdef Py_ssize_t p = _validate.check_count(physical_idx, "physical_idx", 2**31 - 1)
+        cdef int rc
         acquire(self.lock)
-        try:
-            self.c_push(<int32_t>p)
-        finally:
-            release(self.lock)
+        rc = self.c_push(<int32_t>p)
+        release(self.lock)
+        if rc < 0:
+            raise MemoryError("cannot grow the page table")
 
     def pop_page(self):
         """Remove the last page: its physical index, or None if empty. Clamps seq_len."""
@@ -137,13 +156,13 @@ cdef class PageTable:
 
     def set_seq_len(self, n):
         """Set the token count; ValueError unless ``0 <= n <= capacity()``."""
-        cdef Py_ssize_t v = as_index(n, "n")
+        v = int_arg(n, "n")
         acquire(self.lock)
         try:
             if v < 0 or v > self.count * self.page_size:
                 raise ValueError(f"seq_len {v} is outside [0, {self.count * self.page_size}] "
                                  f"(the mapped pages' capacity)")
-            self._seq_len = v
+            self.c_set_seq_len(v)
         finally:
             release(self.lock)
 
@@ -161,9 +180,7 @@ cdef class PageTable:
     def clear(self):
         """Drop all mappings and set seq_len to 0 (does not free pages in any pool)."""
         acquire(self.lock)
-        self.head = 0
-        self.count = 0
-        self._seq_len = 0
+        self.c_clear()
         release(self.lock)
 
     def __len__(self):

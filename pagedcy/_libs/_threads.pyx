@@ -2,6 +2,7 @@
 import os
 
 from pagedcy._libs._openmp cimport omp_get_max_threads, PAGEDCY_OPENMP, PAGEDCY_BUILD_FLAGS
+from pagedcy import _validate
 
 
 def openmp_enabled():
@@ -19,41 +20,27 @@ def max_threads():
     return omp_get_max_threads()
 
 
-cpdef int resolve_num_threads(object num_threads=None) except -1:
+def resolve_num_threads(num_threads=None):
     """Thread count a kernel should use.
 
     ``num_threads`` (a positive int) wins; else ``PAGEDCY_NUM_THREADS`` from the
-    environment; else the OpenMP default. Always 1 in a serial build.
-    Raises ValueError for a non-positive or non-integer request.
+    environment; else the OpenMP default. Always 1 in a serial build; at most 1024.
+    Raises TypeError for a non-integer request, ValueError for a non-positive one
+    or a bad environment value.
     """
     if num_threads is None:
         env = os.environ.get("PAGEDCY_NUM_THREADS", "").strip()
-        if env:
-            try:
-                num_threads = int(env)
-            except ValueError:
-                raise ValueError(f"PAGEDCY_NUM_THREADS must be a positive integer, got {env!r}")
-        else:
+        if not env:
             return omp_get_max_threads() if PAGEDCY_OPENMP else 1
-    if isinstance(num_threads, bool):
-        raise TypeError("num_threads must be an int, got bool")
-    if not isinstance(num_threads, int):
         try:
-            import operator
-            num_threads = operator.index(num_threads)
-        except TypeError:
-            raise TypeError(f"num_threads must be an int, got {type(num_threads).__name__}")
-    if num_threads < 1:
-        raise ValueError(f"num_threads must be >= 1, got {num_threads}")
-    if not PAGEDCY_OPENMP:
-        return 1
-    return min(num_threads, 1024)
-
-
-cdef extern from "pagedcy_convert.h" nogil:
-    int pagedcy_simd_level()
-    int pagedcy_cpu_has_avx2_fma()
-    int pagedcy_cpu_has_avx512()
+            n = int(env)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"PAGEDCY_NUM_THREADS must be a positive integer, got {env!r}")
+    else:
+        n = _validate.check_positive(num_threads, "num_threads")
+    return min(n, 1024) if PAGEDCY_OPENMP else 1
 
 
 def simd_path():

@@ -1,5 +1,8 @@
 """Paged-attention benchmark: ``python -m pagedcy bench [--quick] [--threads N] [--repeats R]``.
 
+The header names the CPU and its caches, the SIMD path and the huge-page mode;
+progress is drawn (tqdm) only when stderr is a terminal.
+
 Headline shape: 32 query heads, 8 KV heads, head_dim 128, page_size 16, pages
 in random order. Every case runs once per round, round after round, and the
 table reports each case's best time, so a busy neighbour on a shared machine
@@ -11,7 +14,6 @@ torch's scaled_dot_product_attention on contiguous K/V (when torch imports).
 import argparse
 import gc
 import math
-import sys
 import time
 
 import numpy as np
@@ -20,17 +22,12 @@ from pagedcy._libs._attention import (_batch_paged_attention_tuned, batch_paged_
                                       simd_level)
 from pagedcy._libs._threads import simd_path
 from pagedcy._libs._bandwidth import read_bandwidth
-from pagedcy.tools.info import huge_pages
+from pagedcy.tools.info import cpu_description, huge_pages
+from pagedcy.tools._progress import Progress
 from pagedcy._libs._pool import aligned_zeros
 from pagedcy import dtypes as _dtypes
-from pagedcy.tools.cpu import cpu_description
 
 H, HKV, D, T = 32, 8, 128, 16
-
-
-def _progress(msg):
-    sys.stderr.write("\r\033[K" + msg)
-    sys.stderr.flush()
 
 
 def _median_time(fn, repeats):
@@ -180,7 +177,6 @@ def case_inputs(batch, kv_len, dtype, q_len, seed):
 
 def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_simd=2):
     """One table row of pagedcy on a case, with the closure that runs it."""
-    _progress(f"{name}: building inputs ...")
     q, indptr, pages, bt, lens = case_inputs(batch, kv_len, dtype, q_len, seed)
     out = np.empty_like(q)
     causal = kind == "prefill"
@@ -198,17 +194,21 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_sim
     return row
 
 
-def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None):
+def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=None):
     """Run every row's case once per round, round after round (at least `repeats`
     rounds and `min_seconds`), and keep each case's best time: a noisy
     neighbour then hits all cases alike instead of whichever ran during it.
     With `bw` ({threads: GB/s}), each round also measures the read bandwidth
-    and `bw` keeps the best, so the yardstick gets the same treatment."""
-    t_end = time.perf_counter() + min_seconds
+    and `bw` keeps the best, so the yardstick gets the same treatment.
+    `progress` (a Progress over `min_seconds`) follows the elapsed time."""
+    start = time.perf_counter()
+    t_end = start + min_seconds
     rounds = 0
     while rounds < repeats or time.perf_counter() < t_end:
         rounds += 1
-        _progress(f"timing: round {rounds} ...")
+        if progress is not None:
+            progress.set(min(min_seconds, round(time.perf_counter() - start, 1)))
+            progress.status(f"timing, round {rounds}")
         for r in rows:
             t0 = time.perf_counter()
             r["run"]()
@@ -231,13 +231,14 @@ def finish_row(row, bw):
         row["pct_bw"] = None
 
 
-def baseline_case(row, repeats):
+def baseline_case(row, repeats, progress=None):
     """Check pagedcy against the NumPy reference on the same inputs and fill in
     the NumPy / torch speed-ups of `row` (timed after every pagedcy case, so
     BLAS / torch worker threads cannot disturb pagedcy's timings)."""
     kind, batch, kv_len, dtype, threads, seed, q_len = row["spec"]
     name = row["case"]
-    _progress(f"{name}: numpy reference ...")
+    if progress is not None:
+        progress.status(f"{name}: numpy reference")
     q, indptr, pages, bt, lens = case_inputs(batch, kv_len, dtype, q_len, seed)
     causal = kind == "prefill"
     out = batch_paged_attention(q, indptr, pages, 0, bt, lens, causal=causal, num_threads=threads)
@@ -248,11 +249,13 @@ def baseline_case(row, repeats):
     del ref, out
     gc.collect()
     t = row["ms"] / 1e3
-    tn = _median_time(lambda: numpy_reference(q, indptr, pages, bt, lens, dtype, causal),
-                      max(1, repeats // 2))
+    with _blas_threads(threads):         # NumPy gets the row's thread count, as torch does
+        tn = _median_time(lambda: numpy_reference(q, indptr, pages, bt, lens, dtype, causal),
+                          max(1, repeats // 2))
     row["numpy"] = tn / t
     row["ran_baselines"] = True          # torch column "n/a" = torch not importable
-    _progress(f"{name}: torch sdpa ...")
+    if progress is not None:
+        progress.status(f"{name}: torch sdpa")
     run = torch_case(q, pages, bt, lens, dtype, causal, threads)
     if run is not None:
         row["torch"] = _median_time(run, repeats) / t
@@ -294,41 +297,66 @@ def format_table(rows, bw, bw_start=None):
     return "\n".join(lines)
 
 
+def _blas_threads(n):
+    """Context manager limiting NumPy's BLAS to ``n`` threads (no-op without threadpoolctl)."""
+    try:
+        from threadpoolctl import threadpool_limits  # type: ignore[import-not-found]
+    except ImportError:
+        import contextlib
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=n, user_api="blas")
+
+
+def blas_description():
+    """NumPy's BLAS as threadpoolctl reports it (library, version, kernel, threads)."""
+    try:
+        from threadpoolctl import threadpool_info  # type: ignore[import-not-found]
+    except ImportError:
+        return "unknown (threadpoolctl not installed)"
+    np.ones((2, 2)) @ np.ones((2, 2))     # loads the BLAS library if nothing has yet
+    libs = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    return "; ".join(f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')}), "
+                     f"{i.get('num_threads')} threads" for i in libs) or "none found"
+
+
+def _positive(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def main(argv=None):
     """Run the benchmark and print one table; returns the list of result rows."""
     ap = argparse.ArgumentParser(prog="python -m pagedcy bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (CI smoke run)")
-    ap.add_argument("--threads", type=int, default=2, help="thread count of the multi-threaded cases")
-    ap.add_argument("--repeats", type=int, default=7,
+    ap.add_argument("--threads", type=_positive, default=2,
+                    help="thread count of the multi-threaded cases")
+    ap.add_argument("--repeats", type=_positive, default=7,
                     help="at least this many interleaved rounds (best time reported)")
     ap.add_argument("--seconds", type=float, default=None,
                     help="keep running rounds for at least this long (default 20, --quick 1)")
     ap.add_argument("--no-baselines", action="store_true", help="skip the NumPy / torch baselines")
     args = ap.parse_args(argv)
-    nt = max(1, args.threads)
-    rep = max(1, args.repeats)
+    nt, rep = args.threads, args.repeats
     secs = args.seconds if args.seconds is not None else (1.0 if args.quick else 20.0)
     if args.quick:
         dec_b, dec_l, long_l, pre_l, bw_bytes = 8, 512, 4096, 256, 64 * 2**20
     else:
-        # 2 GiB: several times any last-level cache (300 MB on the development
-        # VM), so the yardstick is DRAM bandwidth
+        # 2 GiB: several times any last-level cache (the header names this CPU's),
+        # so the yardstick is DRAM bandwidth
         dec_b, dec_l, long_l, pre_l, bw_bytes = 32, 2048, 32768, 1024, 2 * 2**30
-    _progress("measuring read bandwidth ...")
-    bw_buf = np.ones(bw_bytes // 4, dtype=np.float32)
-    bw = {nt: read_bandwidth(num_threads=nt, repeats=rep, buffer=bw_buf)}
-    if nt != 1:
-        bw[1] = read_bandwidth(num_threads=1, repeats=rep, buffer=bw_buf)
     base = not args.no_baselines
     dec = f"decode {dec_b}x{dec_l}"
+    prefill = f"prefill causal {pre_l} fp32"
     specs = [
         (f"{dec} fp32", "decode", dec_b, dec_l, "float32", nt, 1, 2),
         (f"{dec} fp32", "decode", dec_b, dec_l, "float32", 1, 1, 2),
         (f"decode 1x{long_l} fp32", "decode", 1, long_l, "float32", nt, 1, 2),
         (f"{dec} fp16", "decode", dec_b, dec_l, "float16", nt, 1, 2),
         (f"{dec} bf16", "decode", dec_b, dec_l, "bfloat16", nt, 1, 2),
-        (f"prefill causal {pre_l} fp32", "prefill", 1, pre_l, "float32", 1, pre_l, 2),
-        (f"prefill causal {pre_l} fp32", "prefill", 1, pre_l, "float32", nt, pre_l, 2),
+        (prefill, "prefill", 1, pre_l, "float32", 1, pre_l, 2),
+        (prefill, "prefill", 1, pre_l, "float32", nt, pre_l, 2),
         (f"{dec} int8", "decode", dec_b, dec_l, "int8", nt, 1, 2),
         # the same kernel with K/V resident in the last-level cache: its compute limit
         ("decode 4x256 fp32 [in cache]", "decode", 4, 256, "float32", nt, 1, 2),
@@ -341,26 +369,41 @@ def main(argv=None):
         # what a CPU without AVX-512 runs: the same cases on the AVX2 kernels
         specs += [(f"{dec} fp32 [AVX2 kernels]", "decode", dec_b, dec_l, "float32", nt, 1, 1),
                   (f"{dec} fp16 [AVX2 kernels]", "decode", dec_b, dec_l, "float16", nt, 1, 1)]
-    seeds = {}
-    rows = [bench_case(name, kind, b, l, dt, th, seeds.setdefault((b, l, ql), 1000 + len(seeds)),
-                       q_len=ql, max_simd=ms)
-            for name, kind, b, l, dt, th, ql, ms in specs]
+    with Progress(len(specs) + 1, "setup") as progress:
+        progress.status("read bandwidth")
+        bw_buf = np.ones(bw_bytes // 4, dtype=np.float32)
+        bw = {nt: read_bandwidth(num_threads=nt, repeats=rep, buffer=bw_buf)}
+        if nt != 1:
+            bw[1] = read_bandwidth(num_threads=1, repeats=rep, buffer=bw_buf)
+        progress.update()
+        seeds = {}
+        rows = []
+        for name, kind, b, l, dt, th, ql, ms in specs:
+            progress.status(f"{name}: inputs")
+            rows.append(bench_case(name, kind, b, l, dt, th,
+                                   seeds.setdefault((b, l, ql), 1000 + len(seeds)),
+                                   q_len=ql, max_simd=ms))
+            progress.update()
     bw_start = dict(bw)
-    rounds = time_interleaved(rows, rep, secs, bw, bw_buf)
+    with Progress(secs, "timing", unit="s") as progress:
+        rounds = time_interleaved(rows, rep, secs, bw, bw_buf, progress)
     del bw_buf
     for row in rows:
         finish_row(row, bw)
         del row["run"]
     if base:
-        for row in rows:
-            baseline_case(row, rep)
+        with Progress(len(rows), "baselines", unit="case") as progress:
+            for row in rows:
+                baseline_case(row, rep, progress)
+                progress.update()
     _INPUTS.clear()
     gc.collect()
-    _progress("")
-    sys.stderr.write("\r\033[K")
-    print(f"pagedcy paged attention: H={H} Hkv={HKV} D={D} page_size={T}, random page order, "
-          f"SIMD={simd_path()}, huge pages: {huge_pages()}; time = best of {rounds} interleaved rounds")
-    print(f"CPU: {cpu_description()}")
+    print(f"pagedcy paged attention: H={H} Hkv={HKV} D={D} page_size={T}, random page order; "
+          f"time = best of {rounds} interleaved rounds")
+    print(f"CPU: {cpu_description()}; SIMD={simd_path()}; huge pages: {huge_pages()}")
+    if base:
+        print(f"NumPy BLAS (the baseline's matmuls, limited to each row's threads): "
+              f"{blas_description()}")
     print(format_table(rows, bw, bw_start))
     by = {(r["case"], r["threads"]): r for r in rows}
     d32, f16 = by.get((f"{dec} fp32", nt)), by.get((f"{dec} fp16", nt))
@@ -374,7 +417,7 @@ def main(argv=None):
     if i8 and d32 and f16:
         print(f"int8 decode speed-up ({nt} threads): {d32['ms'] / i8['ms']:.2f}x over fp32, "
               f"{f16['ms'] / i8['ms']:.2f}x over fp16")
-    p1, p2 = by.get((specs[5][0], 1)), by.get((specs[5][0], nt))
+    p1, p2 = by.get((prefill, 1)), by.get((prefill, nt))
     if p1 and p2 and nt > 1:
         print(f"prefill scaling 1 -> {nt} threads: {p1['ms'] / p2['ms']:.2f}x")
     return rows

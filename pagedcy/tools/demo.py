@@ -252,8 +252,8 @@ def continuous_batching(args):
         "cache evictions": f"{s.evictions}",
         "pressure changes": f"{len(pressure_events)} "
                             f"(CRITICAL {sum(e == MemoryPressure.CRITICAL for e in pressure_events)})",
-        "avg step": f"prefill {st['avg_prefill_time_ms']:.2f} ms, "
-                    f"decode {st['avg_decode_time_ms']:.2f} ms",
+        "avg step": f"prefill {st.avg_prefill_time_ms:.2f} ms, "
+                    f"decode {st.avg_decode_time_ms:.2f} ms",
         "replay check": (f"{replayed} swapped/forked requests re-run alone from scratch: "
                          + ("MISMATCH" if mismatched else "same tokens")),
         "leak check": ("LEAKED pages" if leaked else

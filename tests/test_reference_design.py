@@ -1,13 +1,43 @@
-"""One-for-one Python twins of the Rust seed's tests (same names, same assertions).
+"""One-for-one Python twins of the reference design's tests (same names, same assertions).
 
-The seed passes ``&mut [f32]`` buffers to gather_*; here the same buffers are 1-D float32
-``dst`` arrays, which the core must fill in place.
+The reference design fills caller-owned float buffers in gather_*; here those buffers are
+1-D float32 ``dst`` arrays, which the core must fill in place.
 """
 import numpy as np
 import pytest
 
 from pagedcy import (EvictionPolicy, PagedKVCache, PagedKVCacheConfig, PagePool, PageTable,
                      PoolExhaustedError)
+
+
+def cache_with_token(max_pages):
+    """A fresh cache and the constant token the reference tests append (K ones, V twos)."""
+    config = make_config(max_pages)
+    k = np.full(config.kv_dim(), 1.0, np.float32)
+    return PagedKVCache(config), k, k * 2
+
+
+def append_same_token(cache, k, v, times=1):
+    """Append the token (k, v) to both layers and advance, ``times`` times."""
+    for _ in range(times):
+        for layer in range(2):
+            cache.append_kv_layer(layer, k, v)
+        cache.advance()
+
+
+def assert_layer0_rows(cache, n, kv_dim, k_expected, tol):
+    """Gather layer 0 into caller-owned buffers; K[step, i] must be k_expected(step, i) and
+    V = K + 0.5, within tol."""
+    k_buf = np.zeros(n * kv_dim, np.float32)
+    v_buf = np.zeros(n * kv_dim, np.float32)
+    cache.gather_k(0, k_buf)
+    cache.gather_v(0, v_buf)
+    for step in range(n):
+        for i in range(kv_dim):
+            k_want = k_expected(step, i)
+            k_got, v_got = k_buf[step * kv_dim + i], v_buf[step * kv_dim + i]
+            assert abs(k_got - k_want) < tol, f"K step={step}, i={i}: {k_want} vs {k_got}"
+            assert abs(v_got - (k_want + 0.5)) < tol, f"V step={step}, i={i}: {k_want + 0.5} vs {v_got}"
 
 
 def make_config(max_pages):
@@ -47,46 +77,26 @@ def test_paged_append_gather_roundtrip():
 
 
 def test_paged_page_allocation():
-    config = make_config(8)
-    kv_dim = config.kv_dim()
-    cache = PagedKVCache(config)
-
+    cache, k, v = cache_with_token(8)
     assert cache.num_pages() == 0
     assert cache.free_pages() == 8
 
-    k = np.full(kv_dim, 1.0, np.float32)
-    v = np.full(kv_dim, 2.0, np.float32)
-    for layer in range(2):
-        cache.append_kv_layer(layer, k, v)
-    cache.advance()
+    append_same_token(cache, k, v)
     assert cache.num_pages() == 1
     assert cache.free_pages() == 7
 
-    for _ in range(3):
-        for layer in range(2):
-            cache.append_kv_layer(layer, k, v)
-        cache.advance()
+    append_same_token(cache, k, v, times=3)
     assert cache.num_pages() == 1
     assert cache.seq_len() == 4
 
-    for layer in range(2):
-        cache.append_kv_layer(layer, k, v)
-    cache.advance()
+    append_same_token(cache, k, v)
     assert cache.num_pages() == 2
     assert cache.free_pages() == 6
 
 
 def test_paged_reset():
-    config = make_config(4)
-    kv_dim = config.kv_dim()
-    cache = PagedKVCache(config)
-
-    k = np.full(kv_dim, 1.0, np.float32)
-    v = np.full(kv_dim, 2.0, np.float32)
-    for _ in range(6):
-        for layer in range(2):
-            cache.append_kv_layer(layer, k, v)
-        cache.advance()
+    cache, k, v = cache_with_token(4)
+    append_same_token(cache, k, v, times=6)
     assert cache.num_pages() > 0
 
     cache.reset()
@@ -108,18 +118,7 @@ def test_paged_cross_page_boundary():
         cache.advance()
     assert cache.num_pages() == 2
 
-    k_buf = np.zeros(6 * kv_dim, np.float32)
-    v_buf = np.zeros(6 * kv_dim, np.float32)
-    cache.gather_k(0, k_buf)
-    cache.gather_v(0, v_buf)
-    for step in range(6):
-        for i in range(kv_dim):
-            k_expected = step * 100.0 + i
-            v_expected = k_expected + 0.5
-            k_got = k_buf[step * kv_dim + i]
-            v_got = v_buf[step * kv_dim + i]
-            assert abs(k_got - k_expected) < 1e-6, f"K step={step}, i={i}: {k_expected} vs {k_got}"
-            assert abs(v_got - v_expected) < 1e-6, f"V step={step}, i={i}: {v_expected} vs {v_got}"
+    assert_layer0_rows(cache, 6, kv_dim, lambda step, i: step * 100.0 + i, 1e-6)
 
 
 def test_paged_non_multiple_gather_kv():
@@ -131,7 +130,7 @@ def test_paged_non_multiple_gather_kv():
 
     for step in range(seq_len):
         for layer in range(2):
-            # f32 arithmetic like the seed, so the stored values are the same floats.
+            # f32 arithmetic like the reference design, so the stored values are the same floats.
             k = np.array([np.float32(step) * np.float32(10.0) + np.float32(layer)
                           + np.float32(i) * np.float32(0.1) for i in range(kv_dim)], np.float32)
             v = k + np.float32(0.5)
@@ -139,18 +138,7 @@ def test_paged_non_multiple_gather_kv():
         cache.advance()
     assert cache.seq_len() == seq_len
 
-    k_buf = np.zeros(seq_len * kv_dim, np.float32)
-    v_buf = np.zeros(seq_len * kv_dim, np.float32)
-    cache.gather_k(0, k_buf)
-    cache.gather_v(0, v_buf)
-    for step in range(seq_len):
-        for i in range(kv_dim):
-            k_expected = step * 10.0 + 0.0 + i * 0.1
-            v_expected = k_expected + 0.5
-            k_got = k_buf[step * kv_dim + i]
-            v_got = v_buf[step * kv_dim + i]
-            assert abs(k_got - k_expected) < 1e-5, f"K step={step}, i={i}"
-            assert abs(v_got - v_expected) < 1e-5, f"V step={step}, i={i}"
+    assert_layer0_rows(cache, seq_len, kv_dim, lambda step, i: step * 10.0 + 0.0 + i * 0.1, 1e-5)
 
 
 def test_paged_memory_accounting():
@@ -165,16 +153,8 @@ def test_paged_memory_accounting():
 
 
 def test_paged_no_eviction_panics_on_exhaustion():
-    config = make_config(1)
-    kv_dim = config.kv_dim()
-    cache = PagedKVCache(config)
-    k = np.full(kv_dim, 1.0, np.float32)
-    v = np.full(kv_dim, 2.0, np.float32)
-
-    for _ in range(4):
-        for layer in range(2):
-            cache.append_kv_layer(layer, k, v)
-        cache.advance()
+    cache, k, v = cache_with_token(1)
+    append_same_token(cache, k, v, times=4)
 
     with pytest.raises(PoolExhaustedError) as info:
         for layer in range(2):
