@@ -494,9 +494,10 @@ def test_unknown_tuning_flag():
 def test_prefetch_pattern_never_changes_results(dtype, aligned, Hkv, D):
     # The kernel prefetches the next page by 4 KiB page (aligned pools, items with
     # every KV head -- one thread here -- and K/V blocks of 2*16*Hkv*D*itemsize a
-    # multiple of 4 KiB), by row (otherwise, or with the private flag "pf_rows") or not at all
-    # ("no_prefetch"): prefetches never touch the numbers, so all three give the same
-    # bits, and the reference agrees.
+    # multiple of 4 KiB), by row (otherwise, or with the private flag "pf_rows"), whole
+    # or only the start of each ("pf_partial"), or not at all ("no_prefetch"):
+    # prefetches never touch the numbers, so all give the same bits, and the
+    # reference agrees.
     rng = np.random.default_rng(Hkv * 1000 + D)
     q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=[1, 1, 3, 1], kv_lens=[70, 33, 97, 16],
                                              num_heads=4 * Hkv, num_kv_heads=Hkv, head_dim=D,
@@ -505,6 +506,7 @@ def test_prefetch_pattern_never_changes_results(dtype, aligned, Hkv, D):
     ro, _ = reference(q, ind, K, V)
     for level, threads in [(lv, t) for lv in SIMD_LEVELS for t in (1, 2)]:
         outs = [tuned_attention(q, ind, pages, 1, bt, kl, num_threads=threads, max_simd=level,
-                                flags=fl) for fl in ((), ("pf_rows",), ("no_prefetch",))]
-        assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+                                flags=fl)
+                for fl in ((), ("pf_rows",), ("no_prefetch",), ("pf_partial",), ("pf_rows", "pf_partial"))]
+        assert all(np.array_equal(outs[0], o) for o in outs[1:])
         np.testing.assert_allclose(outs[0], ro, rtol=TOL[dtype], atol=TOL[dtype])

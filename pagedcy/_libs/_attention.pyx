@@ -43,6 +43,7 @@ cdef extern from "pagedcy_attention.h":
         PA_TUNE_PREFILL_M32
         PA_TUNE_PREFILL_M256
         PA_TUNE_NO_QK3
+        PA_TUNE_PF_PARTIAL
     int pagedcy_use_simd() noexcept nogil
     int pagedcy_simd_level() noexcept nogil
     pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_params *P, int nthreads,
@@ -64,7 +65,7 @@ _TUNE_FLAGS = {
     "plain_order": PA_TUNE_PLAIN_ORDER, "no_prefetch": PA_TUNE_NO_PF, "pf_rows": PA_TUNE_PF_ROWS,
     "no_bf16_perm": PA_TUNE_NO_BF16_PERM, "prefill_m128": PA_TUNE_PREFILL_M128,
     "prefill_m32": PA_TUNE_PREFILL_M32, "prefill_m256": PA_TUNE_PREFILL_M256,
-    "no_qk3": PA_TUNE_NO_QK3,
+    "no_qk3": PA_TUNE_NO_QK3, "pf_partial": PA_TUNE_PF_PARTIAL,
 }
 
 

@@ -195,20 +195,20 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 continue;
             }
 
-            /* This head's share of the next page's K and V rows, in address
-             * order, spread over the heads. Software prefetch covers only
-             * the start of each stretch; the hardware prefetcher, which stops
-             * at 4 KiB page edges, streams the rest without holding line-fill
-             * buffers. When the item has every KV head, the page's K/V block
-             * is one contiguous span and, in a 4 KiB-aligned pool, the
-             * stretches are its 4 KiB pages: the first KiB of each for
-             * float32, the first 2 KiB for 16-bit storage (which computes
-             * longer per byte, so it can keep more misses of its own in
-             * flight). Otherwise the stretches are rows: the first KiB of the
-             * item's heads. Measured (headline decode, 2 threads): against no
-             * software prefetch and whole rows, fp32 13% faster than either;
-             * fp16 4% faster with 2 KiB of each 4 KiB page than with 1 KiB of
-             * each 2 KiB row, which was 6% faster than whole rows. */
+            /* This head's share of the next page's K and V bytes, in address
+             * order, spread over the heads and issued a few lines per step of
+             * the micro-kernels, so the whole next page is in flight while
+             * this one computes. When the item has every KV head, the page's
+             * K/V block is one contiguous span and, in a 4 KiB-aligned pool,
+             * the stretches are its 4 KiB pages; otherwise they are the item's
+             * slice of each row. The whole page, because the hardware
+             * prefetchers do not stream the rest of a 4 KiB page when each
+             * head touches only its 512-byte slice of it: on an AMD EPYC
+             * (Zen 4, 1 thread, 32 x 2048 fp32 from DRAM) prefetching whole
+             * stretches took 24.4 ms against 51.2 ms with only the first KiB
+             * of each (what an Intel development VM preferred, by 13%) and
+             * 54.6 ms with none; fp16 24.8 against 33.3 ms, bf16 25.2 against
+             * 35.9 ms. PA_TUNE_PF_PARTIAL keeps the old lengths for A/B runs. */
             pa_pfcur cK, cV;
             int use_pf = 0;
             if (next_page && !(flags & PA_TUNE_NO_PF)) {
@@ -217,12 +217,13 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 if (ng == P->Hkv && span % 4096 == 0 && (uintptr_t)base % 4096 == 0 && !(flags & PA_TUNE_PF_ROWS)) {
                     const int nreg = (int)(span / 4096);
                     const int g0r = gi * nreg / ng, g1r = (gi + 1) * nreg / ng, gmr = (g0r + g1r) / 2;
-                    const int64_t len = es == 4 ? 1024 : 2048;
+                    const int64_t len = !(flags & PA_TUNE_PF_PARTIAL) ? 4096 : es == 4 ? 1024 : 2048;
                     pa_pf_init(&cK, base, 4096, len, g0r, gmr);
                     pa_pf_init(&cV, base, 4096, len, gmr, g1r);
                 } else {
                     const int r0 = gi * 2 * T / ng, r1 = (gi + 1) * 2 * T / ng, rm = (r0 + r1) / 2;
-                    const int64_t head = (int64_t)ng * row_bytes < 1024 ? (int64_t)ng * row_bytes : 1024;
+                    const int64_t slice = (int64_t)ng * row_bytes;
+                    const int64_t head = !(flags & PA_TUNE_PF_PARTIAL) || slice < 1024 ? slice : 1024;
                     pa_pf_init(&cK, base, row_stride, head, r0, rm);
                     pa_pf_init(&cV, base, row_stride, head, rm, r1);
                 }
