@@ -5,7 +5,8 @@ head_dim 128, pages in random order.
 """
 import numpy as np
 
-from pagedcy._libs._attention import batch_paged_attention, simd_level
+from pagedcy._libs._attention import (_batch_paged_attention_tuned, batch_paged_attention,
+                                      simd_level)
 from pagedcy.tools.bench import _median_time, make_decode, numpy_reference, paired_ratio, torch_case
 from pagedcy._libs._bandwidth import read_bandwidth
 
@@ -30,7 +31,7 @@ def _seconds(fn, repeats=5):
 
 class Decode:
     """Batched decode (one query row per sequence)."""
-    params = ([1, 32], [2048, 8192], ["float32", "float16", "bfloat16"], [1, 2], [16])
+    params = ([1, 32], [2048, 8192], ["float32", "float16", "bfloat16", "int8"], [1, 2], [16])
     param_names = ["batch", "kv_len", "dtype", "threads", "page_size"]
     timeout = 300
 
@@ -71,7 +72,7 @@ class Decode:
 class DecodeSimdLevel:
     """Headline decode (32 x 2048, 2 threads) per kernel instruction set
     (1 AVX2, 2 AVX-512; a level the CPU lacks is skipped)."""
-    params = ([1, 2], ["float32", "float16", "bfloat16"])
+    params = ([1, 2], ["float32", "float16", "bfloat16", "int8"])
     param_names = ["simd", "dtype"]
     timeout = 300
 
@@ -85,8 +86,8 @@ class DecodeSimdLevel:
 
     def run(self):
         q, ind, pages, bt, lens = self.args
-        batch_paged_attention(q, ind, pages, 0, bt, lens, out=self.out, num_threads=2,
-                              _max_simd=self.simd)
+        _batch_paged_attention_tuned(q, ind, pages, 0, bt, lens, out=self.out, num_threads=2,
+                                     max_simd=self.simd)
 
     def time_decode(self, simd, dtype):
         self.run()
@@ -108,8 +109,8 @@ class DecodeFp16Speedup:
         self.simd = simd
 
     def _run(self, pages):
-        batch_paged_attention(self.q, self.ind, pages, 0, self.bt, self.lens, out=self.out,
-                              num_threads=2, _max_simd=self.simd)
+        _batch_paged_attention_tuned(self.q, self.ind, pages, 0, self.bt, self.lens, out=self.out,
+                                     num_threads=2, max_simd=self.simd)
 
     def track_fp16_speedup_over_fp32(self, simd):
         return paired_ratio(lambda: self._run(self.p32), lambda: self._run(self.p16), 9)
@@ -149,6 +150,38 @@ class DecodeNumpy:
 
     def time_decode_numpy(self, batch, kv_len, dtype):
         numpy_reference(*self.args, dtype, False)
+
+
+class DecodeCacheVsDram:
+    """The same decode kernel with K/V resident in the last-level cache (4 x 256 tokens,
+    8 MiB in fp32) and streamed from DRAM (32 x 2048, 512 MiB): side by side, the
+    kernel's compute limit and how much of it DRAM-resident decode keeps."""
+    params = (["float32", "float16", "bfloat16", "int8"], [1, 2])
+    param_names = ["dtype", "threads"]
+    timeout = 300
+
+    def setup(self, dtype, threads):
+        self.cases = {where: _make(b, n, 1, dtype, 16) for where, b, n in
+                      (("cache", 4, 256), ("dram", 32, 2048))}
+        self.outs = {k: np.empty_like(v[0]) for k, v in self.cases.items()}
+        self.threads = threads
+
+    def _gbps(self, where):
+        q, ind, pages, bt, lens = self.cases[where]
+        out = self.outs[where]
+        # many calls per timing on the small case: Python overhead stays out of the rate
+        rep = max(1, (64 << 20) // pages.nbytes)
+        t = _seconds(lambda: _batch_paged_attention_tuned(q, ind, pages, 0, bt, lens, out=out,
+                                                          num_threads=self.threads, repeat=rep))
+        return pages.nbytes * rep / t / 1e9
+
+    def track_gbps_cache_resident(self, dtype, threads):
+        return self._gbps("cache")
+    track_gbps_cache_resident.unit = "GB/s"
+
+    def track_gbps_dram_resident(self, dtype, threads):
+        return self._gbps("dram")
+    track_gbps_dram_resident.unit = "GB/s"
 
 
 class DecodeTorch:

@@ -160,3 +160,27 @@ def check_out(out, shape, dtype, name="out"):
     if not out.flags.writeable:
         raise ValueError(f"{name} is read-only")
     return out
+
+
+def finite_float(value, name, *, min_value=None):
+    """``value`` as a finite Python float, ``>= min_value`` when given; TypeError for
+    non-numbers, ValueError otherwise."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a number, got bool")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}") from None
+    if not np.isfinite(v) or (min_value is not None and v < min_value):
+        bound = f" >= {min_value}" if min_value is not None else ""
+        raise ValueError(f"{name} must be a finite number{bound}, got {value}")
+    return v
+
+
+def int_array_nd(x, name, ndim):
+    """``int_array(x, name)`` with exactly ``ndim`` dimensions (ValueError otherwise)."""
+    arr = int_array(x, name)
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
+    return arr
+

@@ -78,8 +78,10 @@ class PagedKVCacheConfig:
         return self.num_kv_heads * self.head_dim
 
     def floats_per_page(self):
-        """Values per page: ``num_layers * 2 * page_size * kv_dim`` (of the storage dtype)."""
-        return self.num_layers * 2 * self.page_size * self.kv_dim()
+        """Stored elements per page: ``num_layers * 2 * page_size * num_kv_heads * row``, row =
+        ``head_dim`` (int8: ``head_dim + 4``, the row's scale)."""
+        return (self.num_layers * 2 * self.page_size * self.num_kv_heads
+                * _dtypes.head_row_elems(self.dtype, self.head_dim))
 
     def itemsize(self):
         """Bytes per stored value (4 for float32, 2 for float16/bfloat16)."""

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 
+from pagedcy import dtypes
 from pagedcy._libs._pool import aligned_zeros
 
 
@@ -17,6 +18,13 @@ def bf16_round(x):
     return r, back
 
 
+def quantize_int8(x):
+    """int8 rows ``[..., D + 4]`` of ``x`` as the store writes them, and the float64 values
+    they stand for (the reference's K/V)."""
+    rows = dtypes.quantize_int8(x)
+    return rows, dtypes.dequantize_int8(rows).astype(np.float64)
+
+
 def make_batch(rng, *, q_lens, kv_lens, num_heads, num_kv_heads, head_dim, page_size,
                num_layers=2, layer=1, dtype="float32", extra_pages=3, pad_cols=2, aligned=None):
     """Random paged batch. Unused page slots and unused block-table entries
@@ -26,7 +34,8 @@ def make_batch(rng, *, q_lens, kv_lens, num_heads, num_kv_heads, head_dim, page_
     arrays often do; None draws one of the two from ``rng``.
 
     Returns (query, qo_indptr, kv_pages, block_tables, kv_lens, K, V) where K/V
-    are per-sequence float64 [kv_len, Hkv, D] arrays of the values as stored.
+    are per-sequence float64 [kv_len, Hkv, D] arrays of the values as stored
+    (int8: dequantized; its pages have head_dim + 4 on the last axis).
     """
     B = len(q_lens)
     npages = [(n + page_size - 1) // page_size for n in kv_lens]
@@ -63,6 +72,11 @@ def make_batch(rng, *, q_lens, kv_lens, num_heads, num_kv_heads, head_dim, page_
         pages = bits
         Ks = [bf16_round(k)[1] for k in Ks]
         Vs = [bf16_round(v)[1] for v in Vs]
+    elif dtype == "int8":
+        # unused slots (NaN) become all-zero rows with scale 0
+        pages = quantize_int8(pages)[0]
+        Ks = [quantize_int8(k)[1] for k in Ks]
+        Vs = [quantize_int8(v)[1] for v in Vs]
     if aligned is None:
         aligned = bool(rng.integers(2))
     # a copy at a chosen distance past a 4 KiB boundary: 0, or 16 (not even 64-byte aligned)

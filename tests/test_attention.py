@@ -9,16 +9,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagedcy._libs._attention import batch_paged_attention, merge_states, simd_enabled, simd_level
+from pagedcy._libs._attention import (_TUNE_FLAGS, batch_paged_attention, merge_states,
+                                      simd_enabled, simd_level)
+from pagedcy._libs._attention import _batch_paged_attention_tuned as tuned_attention
 from pagedcy._libs._bandwidth import read_bandwidth
 
 sys.path.insert(0, os.path.dirname(__file__))
-from attn_helpers import bf16_round, make_batch, reference  # noqa: E402
+from attn_helpers import make_batch, reference  # noqa: E402
 
-TOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-3}
+# int8 is compared with the reference on its dequantized values: float32 accuracy
+TOL = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-3, "int8": 1e-5}
 # Instruction sets this machine runs, best first: a run_case without an
-# explicit choice checks each of them against the reference (the scalar path
-# has its own tests via _force_scalar).
+# explicit max_simd checks each of them against the reference (the scalar
+# path has its own tests via max_simd=0).
 SIMD_LEVELS = [lv for lv in (2, 1) if lv <= simd_level()] or [0]
 
 
@@ -30,10 +33,9 @@ def run_case(rng, *, q_lens, kv_lens, H, Hkv, D, T, dtype="float32", causal=True
     ro, rl = reference(q, ind, K, V, causal=causal, window_left=window_left, soft_cap=soft_cap,
                        alibi=slopes, scale=scale)
     tol = TOL[dtype]
-    explicit = "_force_scalar" in kw or "_max_simd" in kw
-    for level in [None] if explicit else SIMD_LEVELS:
-        extra = {} if level is None else {"_max_simd": level}
-        o, lse = batch_paged_attention(q, ind, pages, 1, bt, kl, causal=causal,
+    for level in [None] if "max_simd" in kw else SIMD_LEVELS:
+        extra = {} if level is None else {"max_simd": level}
+        o, lse = tuned_attention(q, ind, pages, 1, bt, kl, causal=causal,
                                        window_left=window_left, soft_cap=soft_cap,
                                        alibi_slopes=slopes, scale=scale, return_lse=True,
                                        **kw, **extra)
@@ -117,16 +119,16 @@ def test_custom_scale():
 
 # --- storage dtypes -----------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("D", [64, 80, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])
+@pytest.mark.parametrize("D", [64, 80, 128, 20])
 def test_half_storage(dtype, D):
     rng = np.random.default_rng(D)
     run_case(rng, q_lens=[1, 1, 17], kv_lens=[5, 100, 40], H=8, Hkv=2, D=D, T=16, dtype=dtype)
     run_case(rng, q_lens=[1, 1, 17], kv_lens=[5, 100, 40], H=8, Hkv=2, D=D, T=16, dtype=dtype,
-             _force_scalar=True)
+             max_simd=0)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int8"])
 def test_few_row_blocks(dtype):
     # 2..7 four-row blocks per KV head: read straight from the pool (no
     # packing), which for bf16 also means the permuted-unpack loads
@@ -156,7 +158,7 @@ def test_kv_split_and_threads(chunk, threads):
     for causal in (True, False):
         run_case(rng, q_lens=[1, 1, 70, 3], kv_lens=[300, 16, 200, 70], H=8, Hkv=2, D=64, T=16,
                  causal=causal, window_left=-1 if causal else 50, num_threads=threads,
-                 _kv_chunk=chunk)
+                 kv_chunk=chunk)
 
 
 def test_auto_split_single_long_sequence():
@@ -172,7 +174,7 @@ def test_scalar_matches_simd(D):
                                              num_heads=8, num_kv_heads=2, head_dim=D, page_size=16)
     kw = dict(alibi_slopes=np.linspace(0.1, 0.3, 8, dtype=np.float32), soft_cap=10.0, window_left=40)
     a, la = batch_paged_attention(q, ind, pages, 1, bt, kl, return_lse=True, **kw)
-    b, lb = batch_paged_attention(q, ind, pages, 1, bt, kl, return_lse=True, _force_scalar=True, **kw)
+    b, lb = tuned_attention(q, ind, pages, 1, bt, kl, return_lse=True, max_simd=0, **kw)
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(la, lb, rtol=1e-5, atol=1e-5)
     ro, rl = reference(q, ind, K, V, alibi=kw["alibi_slopes"], soft_cap=10.0, window_left=40)
@@ -212,10 +214,12 @@ def test_simd_env_caps_subprocess(env, want_level):
 def test_every_simd_level_on_the_headline_shape(level):
     # 32/8 heads, head_dim 128, random page order: the benchmark's shape, at
     # page-boundary lengths, for fp32 and both 16-bit formats
+    if level > simd_level():
+        pytest.skip(f"this CPU (or PAGEDCY_SIMD) stops at SIMD level {simd_level()}")
     rng = np.random.default_rng(40 + level)
-    for dtype in ("float32", "float16", "bfloat16"):
+    for dtype in ("float32", "float16", "bfloat16", "int8"):
         run_case(rng, q_lens=[1, 1, 1, 1], kv_lens=[16, 17, 31, 200], H=32, Hkv=8, D=128, T=16,
-                 dtype=dtype, _max_simd=level, num_threads=2)
+                 dtype=dtype, max_simd=level, num_threads=2)
 
 
 # --- API details ---------------------------------------------------------------
@@ -425,7 +429,7 @@ def batches(draw):
                 window_left=draw(st.sampled_from([-1, -1, 0, 3, 17])),
                 soft_cap=draw(st.sampled_from([0.0, 0.0, 2.0])),
                 alibi=draw(st.booleans()),
-                dtype=draw(st.sampled_from(["float32", "float32", "float16", "bfloat16"])),
+                dtype=draw(st.sampled_from(["float32", "float32", "float16", "bfloat16", "int8"])),
                 chunk=draw(st.sampled_from([0, -1, 1, 16, 40])),
                 threads=draw(st.sampled_from([1, 2])),
                 simd=draw(st.sampled_from([0, 1, 2])),
@@ -439,31 +443,61 @@ def test_property_matches_reference(c):
     run_case(rng, q_lens=c["q_lens"], kv_lens=c["kv_lens"], H=c["H"], Hkv=c["Hkv"], D=c["D"],
              T=c["T"], dtype=c["dtype"], causal=c["causal"], window_left=c["window_left"],
              soft_cap=c["soft_cap"], alibi=c["alibi"], num_threads=c["threads"],
-             _kv_chunk=c["chunk"], _max_simd=c["simd"])
+             kv_chunk=c["chunk"], max_simd=c["simd"])
 
 
-def test_bf16_helper_roundtrip():
-    x = np.array([1.0, -2.5, 3.14159, 1e-3], np.float32)
-    bits, back = bf16_round(x)
-    assert bits.dtype == np.uint16
-    np.testing.assert_allclose(back, x, rtol=1e-2)
+def _cpu_simd_level():
+    """The level the CPU flags in /proc/cpuinfo allow (None where there is no such file)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return None
+    flags = set(line.split(":", 1)[-1].split())
+    if {"avx512f", "avx512dq", "avx512vl", "avx512bw", "avx2", "fma", "f16c"} <= flags:
+        return 2
+    return 1 if {"avx2", "fma", "f16c"} <= flags else 0
 
 
-def test_simd_flag_is_bool():
-    assert isinstance(simd_enabled(), bool)
-    assert simd_level() in (0, 1, 2)
-    assert simd_enabled() == (simd_level() > 0)
+def test_simd_level_is_the_cpus_best():
+    # without PAGEDCY_SIMD / PAGEDCY_FORCE_SCALAR the kernels run the best
+    # instruction set the CPU has (a detection bug would silently cost speed)
+    want = _cpu_simd_level()
+    if want is None or os.environ.get("PAGEDCY_SIMD") or os.environ.get("PAGEDCY_FORCE_SCALAR"):
+        pytest.skip("no /proc/cpuinfo, or the SIMD level is capped by the environment")
+    assert simd_level() == want
+    assert simd_enabled() is (want > 0)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(_TUNE_FLAGS))
+def test_every_tuning_flag_matches_reference(name):
+    # the private switches change the work split, packing, prefetching and
+    # kernel variants, never the result: a decode batch, a prefill batch and
+    # bf16 (whose AVX2 decode loads have their own lane order)
+    rng = np.random.default_rng(len(name))
+    for dtype in ("float32", "bfloat16", "int8"):
+        for level in SIMD_LEVELS + [0]:
+            run_case(rng, q_lens=[1, 40, 3], kv_lens=[90, 70, 33], H=8, Hkv=2, D=64, T=16,
+                     dtype=dtype, num_threads=2, max_simd=level, flags=(name,))
+
+
+def test_unknown_tuning_flag():
+    good = make_batch(np.random.default_rng(0), q_lens=[1], kv_lens=[5], num_heads=2,
+                      num_kv_heads=1, head_dim=8, page_size=4)[:5]
+    with pytest.raises(ValueError, match="unknown tuning flag"):
+        tuned_attention(*good[:3], 1, *good[3:], flags=("no_such_flag",))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int8"])
 @pytest.mark.parametrize("aligned", [True, False])
 @pytest.mark.parametrize("Hkv, D", [(2, 64), (2, 80), (4, 128)])
 def test_prefetch_pattern_never_changes_results(dtype, aligned, Hkv, D):
     # The kernel prefetches the next page by 4 KiB page (aligned pools, items with
     # every KV head -- one thread here -- and K/V blocks of 2*16*Hkv*D*itemsize a
-    # multiple of 4 KiB), by row (otherwise, or with private flag 32) or not at all
-    # (flag 16): prefetches never touch the numbers, so all three give the same
-    # bits, and the reference agrees.
+    # multiple of 4 KiB), by row (otherwise, or with the private flag "pf_rows"), whole
+    # or only the start of each ("pf_partial"), or not at all ("no_prefetch"):
+    # prefetches never touch the numbers, so all give the same bits, and the
+    # reference agrees.
     rng = np.random.default_rng(Hkv * 1000 + D)
     q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=[1, 1, 3, 1], kv_lens=[70, 33, 97, 16],
                                              num_heads=4 * Hkv, num_kv_heads=Hkv, head_dim=D,
@@ -471,7 +505,8 @@ def test_prefetch_pattern_never_changes_results(dtype, aligned, Hkv, D):
     assert (pages.ctypes.data % 4096 == 0) == aligned
     ro, _ = reference(q, ind, K, V)
     for level, threads in [(lv, t) for lv in SIMD_LEVELS for t in (1, 2)]:
-        outs = [batch_paged_attention(q, ind, pages, 1, bt, kl, num_threads=threads,
-                                      _max_simd=level, _flags=fl) for fl in (0, 32, 16)]
-        assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+        outs = [tuned_attention(q, ind, pages, 1, bt, kl, num_threads=threads, max_simd=level,
+                                flags=fl)
+                for fl in ((), ("pf_rows",), ("no_prefetch",), ("pf_partial",), ("pf_rows", "pf_partial"))]
+        assert all(np.array_equal(outs[0], o) for o in outs[1:])
         np.testing.assert_allclose(outs[0], ro, rtol=TOL[dtype], atol=TOL[dtype])

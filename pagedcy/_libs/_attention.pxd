@@ -1,5 +1,6 @@
-# C-level entry points of pagedcy._libs._attention, for other Cython modules:
-#     from pagedcy._libs._attention cimport pagedcy_attn_params, paged_attention_nogil
+# Declarations shared by _attention.pyx. No C-level API is exported: the
+# kernel trusts its parameters, and only the Python entry points validate them
+# (pagedcy_attn_params also carries private tuning bits that may change).
 from libc.stdint cimport int32_t, int64_t
 
 cdef extern from "pagedcy_attention.h":
@@ -22,10 +23,3 @@ cdef extern from "pagedcy_attention.h":
         int32_t use_simd
         int32_t flags
 
-
-# Runs the kernel on already-validated parameters (see batch_paged_attention
-# for the contract). kv_chunk: 0 automatic KV splitting, > 0 split size in
-# tokens, < 0 no splitting. Returns 0, or -1 when scratch memory could not be
-# allocated. Safe to call without the GIL; spawns its own OpenMP team.
-cdef int paged_attention_nogil(const pagedcy_attn_params *P, int num_threads,
-                               int64_t kv_chunk) noexcept nogil

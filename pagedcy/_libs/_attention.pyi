@@ -1,4 +1,4 @@
-from typing import Literal, Sequence, overload
+from typing import Any, Literal, Sequence, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -49,3 +49,27 @@ def merge_states(
 ) -> tuple[np.ndarray, np.ndarray]: ...
 def simd_enabled() -> bool: ...
 def simd_level() -> int: ...
+
+_TUNE_FLAGS: dict[str, int]
+
+def _batch_paged_attention_tuned(
+    query: npt.ArrayLike,
+    qo_indptr: npt.ArrayLike,
+    kv_pages: np.ndarray,
+    layer: int,
+    block_tables: npt.ArrayLike,
+    kv_lens: npt.ArrayLike,
+    *,
+    scale: float | None = ...,
+    causal: bool = ...,
+    window_left: int = ...,
+    soft_cap: float = ...,
+    alibi_slopes: npt.ArrayLike | None = ...,
+    out: np.ndarray | None = ...,
+    return_lse: bool = ...,
+    num_threads: int | None = ...,
+    kv_chunk: int = ...,
+    max_simd: int = ...,
+    flags: int | str | Sequence[str] = ...,
+    repeat: int = ...,
+) -> Any: ...

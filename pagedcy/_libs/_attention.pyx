@@ -4,7 +4,6 @@ The heavy lifting is in ``src/pagedcy_attention.h``; this module validates
 everything coming from Python, then runs the kernel with the GIL released.
 """
 import math
-import operator
 
 import numpy as np
 cimport numpy as cnp
@@ -14,6 +13,8 @@ from libc.stdlib cimport free
 
 from pagedcy._libs._openmp cimport omp_get_thread_num
 from pagedcy._libs._threads import resolve_num_threads
+from pagedcy._validate import (as_int, check_index, check_out, finite_float, float_array,
+                               int_array_nd)
 
 cnp.import_array()
 
@@ -28,7 +29,21 @@ cdef extern from "pagedcy_attention.h":
         int64_t nitems, ngroups
         int64_t part_o_floats, part_lse_floats
         int64_t ws_floats
-    int PAGEDCY_F32, PAGEDCY_F16, PAGEDCY_BF16
+    int PAGEDCY_F32, PAGEDCY_F16, PAGEDCY_BF16, PAGEDCY_I8, PAGEDCY_I8_SCALE_BYTES
+    int PAGEDCY_SIMD_AVX512
+    enum:
+        PA_TUNE_PF_L1
+        PA_TUNE_PF_NEXT_HEAD
+        PA_TUNE_NO_PACK
+        PA_TUNE_PLAIN_ORDER
+        PA_TUNE_NO_PF
+        PA_TUNE_PF_ROWS
+        PA_TUNE_NO_BF16_PERM
+        PA_TUNE_PREFILL_M128
+        PA_TUNE_PREFILL_M32
+        PA_TUNE_PREFILL_M256
+        PA_TUNE_NO_QK3
+        PA_TUNE_PF_PARTIAL
     int pagedcy_use_simd() noexcept nogil
     int pagedcy_simd_level() noexcept nogil
     pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_params *P, int nthreads,
@@ -43,8 +58,20 @@ cdef extern from "pagedcy_attention.h":
     void *pagedcy_aligned_alloc(size_t nbytes) noexcept nogil
 
 
-cdef int paged_attention_nogil(const pagedcy_attn_params *P, int num_threads,
-                               int64_t kv_chunk) noexcept nogil:
+#: Names of the private tuning switches (enum pagedcy_attn_tune) for
+#: ``_batch_paged_attention_tuned(flags=...)``; results never depend on them.
+_TUNE_FLAGS = {
+    "pf_l1": PA_TUNE_PF_L1, "pf_next_head": PA_TUNE_PF_NEXT_HEAD, "no_pack": PA_TUNE_NO_PACK,
+    "plain_order": PA_TUNE_PLAIN_ORDER, "no_prefetch": PA_TUNE_NO_PF, "pf_rows": PA_TUNE_PF_ROWS,
+    "no_bf16_perm": PA_TUNE_NO_BF16_PERM, "prefill_m128": PA_TUNE_PREFILL_M128,
+    "prefill_m32": PA_TUNE_PREFILL_M32, "prefill_m256": PA_TUNE_PREFILL_M256,
+    "no_qk3": PA_TUNE_NO_QK3, "pf_partial": PA_TUNE_PF_PARTIAL,
+}
+
+
+cdef int _run_kernel(const pagedcy_attn_params *P, int num_threads, int64_t kv_chunk) noexcept nogil:
+    """Plan, run every item on an OpenMP team, merge the splits. Returns 0, or
+    -1 when scratch memory could not be allocated."""
     cdef pagedcy_attn_plan *pl = pagedcy_attn_make_plan(P, num_threads, kv_chunk)
     if pl == NULL:
         return -1
@@ -75,15 +102,6 @@ cdef int paged_attention_nogil(const pagedcy_attn_params *P, int num_threads,
     return rc
 
 
-cdef _as_int_array(obj, str name, int ndim):
-    arr = np.asarray(obj)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must be an integer array, got dtype {arr.dtype}")
-    if arr.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
-    return arr
-
-
 cdef int _kv_dtype_code(cnp.ndarray kv) except -1:
     dt = kv.dtype
     if dt == np.float32:
@@ -92,13 +110,16 @@ cdef int _kv_dtype_code(cnp.ndarray kv) except -1:
         return PAGEDCY_F16
     if dt.name == "bfloat16" or dt == np.uint16:
         return PAGEDCY_BF16
-    raise TypeError(f"kv_pages dtype must be float32, float16 or bfloat16 (or uint16 bf16 bits), got {dt}")
+    if dt == np.int8:
+        return PAGEDCY_I8
+    raise TypeError("kv_pages dtype must be float32, float16, bfloat16 (or uint16 bf16 bits) or int8, "
+                    f"got {dt}")
 
 
 cdef int _check_ragged(const int64_t[::1] ind, const int64_t[::1] lens, int64_t total_q,
                        int64_t maxp, int64_t T) except -1:
-    """qo_indptr / kv_lens rules, in one typed pass (numpy calls would cost
-    more than a small decode step)."""
+    """qo_indptr / kv_lens rules, in one typed pass: a handful of NumPy calls
+    would cost more than a small decode step (measured 18 us against 1 us at B=4)."""
     cdef Py_ssize_t B = lens.shape[0], b
     cdef int64_t ql
     if ind[0] != 0:
@@ -136,17 +157,61 @@ cdef int _check_pages(const page_id_t[:, ::1] bt, const int64_t[::1] lens, int64
     return 0
 
 
+def _ragged_batch(qo_indptr, kv_lens, block_tables, int64_t total_q, int64_t T, int64_t max_pages):
+    """(qo_indptr int64, kv_lens int64, block_tables int32 [B, >= 1]), all
+    C-contiguous, after checking them; only the first ceil(kv_len / T) ids of
+    a block-table row are read, so only those must be valid pages."""
+    ind = int_array_nd(qo_indptr, "qo_indptr", 1)
+    lens = int_array_nd(kv_lens, "kv_lens", 1)
+    bt = int_array_nd(block_tables, "block_tables", 2)
+    cdef int64_t B = lens.shape[0]
+    if ind.shape[0] != B + 1:
+        raise ValueError(f"qo_indptr must have length B+1 = {B + 1}, got {ind.shape[0]}")
+    if bt.shape[0] != B:
+        raise ValueError(f"block_tables must have {B} rows (one per sequence), got {bt.shape[0]}")
+    if B > (1 << 30):
+        raise ValueError("too many sequences")
+    ind64 = np.ascontiguousarray(ind, dtype=np.int64)      # uint64 beyond int64 wraps
+    lens64 = np.ascontiguousarray(lens, dtype=np.int64)    # negative: rejected below
+    _check_ragged(ind64, lens64, total_q, bt.shape[1], T)
+    if bt.dtype == np.int32 and bt.flags.c_contiguous:
+        _check_pages[int32_t](bt, lens64, T, max_pages)
+        bt32 = bt
+    else:
+        bt64 = np.ascontiguousarray(bt, dtype=np.int64)
+        _check_pages[int64_t](bt64, lens64, T, max_pages)
+        bt32 = bt64.astype(np.int32)
+    if bt.shape[1] == 0:
+        bt32 = np.zeros((B, 1), np.int32)
+    return ind64, lens64, bt32
+
+
+def _tune_bits(flags):
+    if isinstance(flags, str):
+        flags = (flags,)
+    if isinstance(flags, (tuple, list, set, frozenset)):
+        bits = 0
+        for name in flags:
+            if name not in _TUNE_FLAGS:
+                raise ValueError(f"unknown tuning flag {name!r}; known: {sorted(_TUNE_FLAGS)}")
+            bits |= _TUNE_FLAGS[name]
+        return bits
+    return as_int(flags, "flags")
+
+
 def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, *,
                           scale=None, causal=True, window_left=-1, soft_cap=0.0,
-                          alibi_slopes=None, out=None, return_lse=False, num_threads=None,
-                          _kv_chunk=0, _force_scalar=False, _max_simd=2, _flags=0, _repeat=1):
+                          alibi_slopes=None, out=None, return_lse=False, num_threads=None):
     """Attention of a ragged batch of queries over paged K/V.
 
     query: float ``[total_q, num_heads, head_dim]`` (converted to float32);
     sequence ``b`` owns rows ``qo_indptr[b]:qo_indptr[b+1]``.
     qo_indptr: int ``[B+1]``, starts at 0, non-decreasing, ends at total_q.
     kv_pages: ``[max_pages, num_layers, 2, page_size, num_kv_heads, head_dim]``
-    C-contiguous float32 / float16 / bfloat16 (uint16 = bf16 bits).
+    C-contiguous float32 / float16 / bfloat16 (uint16 = bf16 bits), or int8
+    ``[..., num_kv_heads, head_dim + 4]``: each head row is head_dim int8 values
+    then its float32 scale (bytes), standing for values * scale (a store with
+    ``dtype="int8"`` writes them).
     layer: layer index. block_tables: int ``[B, max_pages_per_seq]`` page ids
     (only the first ``ceil(kv_len/page_size)`` of a row are read).
     kv_lens: int ``[B]``; each ``q_len <= kv_len``.
@@ -166,18 +231,35 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     Raises TypeError (dtypes), ValueError (shapes, ranges, non-contiguous
     kv_pages/out, q_len > kv_len, ...), IndexError (layer or a needed page id
     out of range), MemoryError.
-
-    Underscored keywords are private test/tuning switches: ``_kv_chunk``
-    (tokens per KV split; 0 automatic, < 0 never split), ``_force_scalar``,
-    ``_max_simd`` (cap the instruction set: 0 scalar, 1 AVX2, 2 AVX-512),
-    ``_flags`` (see pagedcy_attn_params.flags) and ``_repeat`` (run the
-    kernel n times without the GIL, for microbenchmarks).
     """
+    return _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale, causal,
+                      window_left, soft_cap, alibi_slopes, out, return_lse, num_threads, 0,
+                      PAGEDCY_SIMD_AVX512, 0, 1)
+
+
+def _batch_paged_attention_tuned(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, *,
+                                 scale=None, causal=True, window_left=-1, soft_cap=0.0,
+                                 alibi_slopes=None, out=None, return_lse=False, num_threads=None,
+                                 kv_chunk=0, max_simd=2, flags=0, repeat=1):
+    """Private: ``batch_paged_attention`` with the switches tests, bench and asv use.
+
+    kv_chunk: tokens per KV split (0 automatic, < 0 never split). max_simd: cap
+    on the instruction set (0 scalar, 1 AVX2, 2 AVX-512). flags: tuning bits, an
+    int or names from ``_TUNE_FLAGS``. repeat: run the kernel that many times
+    without the GIL (microbenchmarks without Python overhead).
+    """
+    return _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale, causal,
+                      window_left, soft_cap, alibi_slopes, out, return_lse, num_threads,
+                      as_int(kv_chunk, "kv_chunk"), as_int(max_simd, "max_simd"), _tune_bits(flags),
+                      max(1, as_int(repeat, "repeat")))
+
+
+cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale, causal,
+                window_left, soft_cap, alibi_slopes, out, return_lse, num_threads,
+                int64_t kv_chunk, int64_t max_simd, int64_t flags, Py_ssize_t repeat):
+    """batch_paged_attention's body (a cdef call: no keyword parsing twice)."""
     cdef pagedcy_attn_params P
-    # --- query
-    q = np.asarray(query)
-    if not (q.dtype.kind == "f" or q.dtype.name == "bfloat16"):
-        raise TypeError(f"query must be a floating-point array, got dtype {q.dtype}")
+    q = float_array(query, "query")
     if q.ndim != 3:
         raise ValueError(f"query must be 3-D [total_q, num_heads, head_dim], got shape {q.shape}")
     q = np.ascontiguousarray(q, dtype=np.float32)
@@ -200,62 +282,24 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     cdef int64_t Hkv = kv.shape[4]
     if kv.shape[2] != 2:
         raise ValueError(f"kv_pages axis 2 must have length 2 (K, V), got {kv.shape[2]}")
-    if kv.shape[5] != D:
-        raise ValueError(f"head_dim mismatch: query has {D}, kv_pages has {kv.shape[5]}")
+    # an int8 head row carries its scale after the head_dim values
+    cdef int64_t row = D + (PAGEDCY_I8_SCALE_BYTES if dtype_code == PAGEDCY_I8 else 0)
+    if kv.shape[5] != row:
+        raise ValueError(f"head_dim mismatch: query has {D}, so kv_pages' last axis must be {row}"
+                         f"{' (int8 values + a float32 scale)' if row != D else ''}, got {kv.shape[5]}")
     if T < 1 or Hkv < 1 or D < 1:
         raise ValueError(f"kv_pages has an empty page_size/num_kv_heads/head_dim: {kv_pages.shape}")
     if H < 1 or H % Hkv != 0:
         raise ValueError(f"num_heads ({H}) must be a positive multiple of num_kv_heads ({Hkv})")
     if T > (1 << 30) or D > (1 << 20) or H > (1 << 20):
         raise ValueError("page_size / head_dim / num_heads too large")
-    # --- layer
-    try:
-        lay = operator.index(layer)
-    except TypeError:
-        raise TypeError(f"layer must be an int, got {type(layer).__name__}")
-    if not 0 <= lay < L:
-        raise IndexError(f"layer {lay} out of range for {L} layers")
-    # --- indptr / lens / block tables
-    ind = _as_int_array(qo_indptr, "qo_indptr", 1)
-    lens = _as_int_array(kv_lens, "kv_lens", 1)
-    bt = _as_int_array(block_tables, "block_tables", 2)
-    cdef int64_t B = lens.shape[0]
-    if ind.shape[0] != B + 1:
-        raise ValueError(f"qo_indptr must have length B+1 = {B + 1}, got {ind.shape[0]}")
-    if bt.shape[0] != B:
-        raise ValueError(f"block_tables must have {B} rows (one per sequence), got {bt.shape[0]}")
-    if B > (1 << 30):
-        raise ValueError("too many sequences")
-    ind64 = np.ascontiguousarray(ind, dtype=np.int64)      # uint64 beyond int64 wraps
-    lens64 = np.ascontiguousarray(lens, dtype=np.int64)    # negative: rejected below
-    cdef int64_t maxp = bt.shape[1]
-    _check_ragged(ind64, lens64, total_q, maxp, T)
-    # Only the first ceil(kv_len / page_size) ids of a row are read; those
-    # must be valid pages (the rest may hold anything, e.g. -1).
-    if bt.dtype == np.int32 and bt.flags.c_contiguous:
-        bt32 = bt
-        _check_pages[int32_t](bt32, lens64, T, max_pages)
-    else:
-        bt64 = np.ascontiguousarray(bt, dtype=np.int64)
-        _check_pages[int64_t](bt64, lens64, T, max_pages)
-        bt32 = bt64.astype(np.int32)
-    if maxp == 0:
-        bt32 = np.zeros((B, 1), np.int32)
-        maxp = 1
+    lay = check_index(layer, L, "layer")
+    ind64, lens64, bt32 = _ragged_batch(qo_indptr, kv_lens, block_tables, total_q, T, max_pages)
+    cdef int64_t B = lens64.shape[0]
     # --- options
-    if scale is None:
-        fscale = 1.0 / math.sqrt(D)
-    else:
-        fscale = float(scale)
-        if not math.isfinite(fscale):
-            raise ValueError(f"scale must be finite, got {scale}")
-    fcap = float(soft_cap)
-    if not (fcap >= 0.0 and math.isfinite(fcap)):
-        raise ValueError(f"soft_cap must be a finite value >= 0, got {soft_cap}")
-    try:
-        wl = operator.index(window_left)
-    except TypeError:
-        raise TypeError(f"window_left must be an int, got {type(window_left).__name__}")
+    fscale = 1.0 / math.sqrt(D) if scale is None else finite_float(scale, "scale")
+    fcap = finite_float(soft_cap, "soft_cap", min_value=0.0)
+    wl = as_int(window_left, "window_left")
     if wl < -1:
         raise ValueError(f"window_left must be >= -1, got {wl}")
     if wl > (1 << 31) - 1:
@@ -268,34 +312,21 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
         if alibi.shape != (H,):
             raise ValueError(f"alibi_slopes must have shape ({H},), got {alibi.shape}")
         alibi = np.ascontiguousarray(alibi, dtype=np.float32)
-    # --- output
-    if out is None:
-        o = np.empty((total_q, H, D), dtype=np.float32)
-    else:
-        o = out
-        if not isinstance(o, np.ndarray):
-            raise TypeError("out must be a numpy array")
-        if o.dtype != np.float32:
-            raise TypeError(f"out must be float32, got {o.dtype}")
-        if o.shape != (total_q, H, D):
-            raise ValueError(f"out must have shape {(total_q, H, D)}, got {o.shape}")
-        if not o.flags.c_contiguous or not o.flags.writeable:
-            raise ValueError("out must be C-contiguous and writeable")
+    o = np.empty((total_q, H, D), dtype=np.float32) if out is None else check_out(out, (total_q, H, D), np.float32)
     lse = np.empty((total_q, H), dtype=np.float32) if return_lse else None
     cdef int nthreads = resolve_num_threads(num_threads)
-    cdef int64_t chunk = operator.index(_kv_chunk)
     cdef int rc = 0
-    cdef Py_ssize_t reps, _r
+    cdef Py_ssize_t _r
 
     if total_q > 0:
         P.q = <const float *>cnp.PyArray_DATA(q)
         P.qo_indptr = <const int64_t *>cnp.PyArray_DATA(ind64)
         P.kv = <const char *>cnp.PyArray_DATA(kv)
         P.dtype = dtype_code
-        P.page_stride = L * 2 * T * Hkv * D
-        P.layer_offset = lay * 2 * T * Hkv * D
+        P.page_stride = L * 2 * T * Hkv * row
+        P.layer_offset = lay * 2 * T * Hkv * row
         P.block_tables = <const int32_t *>cnp.PyArray_DATA(bt32)
-        P.bt_stride = maxp
+        P.bt_stride = bt32.shape[1]
         P.kv_lens = <const int64_t *>cnp.PyArray_DATA(lens64)
         P.B = <int32_t>B
         P.H = <int32_t>H
@@ -309,12 +340,11 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
         P.alibi = <const float *>cnp.PyArray_DATA(alibi) if alibi is not None else NULL
         P.out = <float *>cnp.PyArray_DATA(o)
         P.lse = <float *>cnp.PyArray_DATA(lse) if lse is not None else NULL
-        P.use_simd = 0 if _force_scalar else max(0, min(pagedcy_simd_level(), operator.index(_max_simd)))
-        P.flags = <int32_t>operator.index(_flags)
-        reps = max(1, operator.index(_repeat))     # microbenchmarks: no Python overhead
+        P.use_simd = <int32_t>max(0, min(pagedcy_simd_level(), max_simd))
+        P.flags = <int32_t>flags
         with nogil:
-            for _r in range(reps):
-                rc = paged_attention_nogil(&P, nthreads, chunk)
+            for _r in range(repeat):
+                rc = _run_kernel(&P, nthreads, kv_chunk)
                 if rc != 0:
                     break
         if rc != 0:

@@ -10,7 +10,7 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
 
-from pagedcy._libs._store cimport KVPageStore, pagedcy_store_from_f32
+from pagedcy._libs._store cimport KVPageStore, pagedcy_kv_store
 from pagedcy._libs._args cimport index_arg
 from pagedcy import _validate
 
@@ -23,8 +23,10 @@ cdef void c_write_rows(KVPageStore store, const int32_t *pages, const int32_t *o
     cdef Py_ssize_t i, kvd = store.kv_dim
     cdef int code = store.code
     for i in range(n):
-        pagedcy_store_from_f32(code, store.row_ptr(pages[i], layer, 0, offsets[i]), k + i * kvd, kvd)
-        pagedcy_store_from_f32(code, store.row_ptr(pages[i], layer, 1, offsets[i]), v + i * kvd, kvd)
+        pagedcy_kv_store(code, store.row_ptr(pages[i], layer, 0, offsets[i]), k + i * kvd, kvd,
+                         store.head_dim)
+        pagedcy_kv_store(code, store.row_ptr(pages[i], layer, 1, offsets[i]), v + i * kvd, kvd,
+                         store.head_dim)
 
 
 cdef cnp.ndarray _ids(object x, str name, Py_ssize_t upper):

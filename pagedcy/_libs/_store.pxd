@@ -2,13 +2,14 @@ from libc.stdint cimport int32_t
 from pagedcy._libs._pool cimport PagePool
 
 cdef extern from "pagedcy_convert.h" nogil:
-    void pagedcy_store_from_f32(int dtype, void *dst, const float *src, size_t n)
-    void pagedcy_load_to_f32(int dtype, float *dst, const void *src, size_t n)
+    void pagedcy_kv_store(int dtype, void *dst, const float *src, size_t n, size_t head_dim)
+    void pagedcy_kv_load(int dtype, float *dst, const void *src, size_t n, size_t head_dim)
 
 cdef class KVPageStore:
     cdef readonly object config
     cdef readonly PagePool pool
     cdef readonly Py_ssize_t num_layers, page_size, num_kv_heads, head_dim, kv_dim
+    cdef readonly Py_ssize_t row_elems          # stored elements per token row (int8: + scales)
     cdef Py_ssize_t row_bytes, half_bytes, layer_bytes
     cdef int code
 

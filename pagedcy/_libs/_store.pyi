@@ -17,6 +17,7 @@ class KVPageStore:
     num_kv_heads: int
     head_dim: int
     kv_dim: int
+    row_elems: int
     def __init__(self, config: PagedKVCacheConfig, buffer: Any = ...) -> None: ...
     def pages(self) -> npt.NDArray[Any]: ...
     def write(self, block_table: npt.ArrayLike, layer: int, start: int,

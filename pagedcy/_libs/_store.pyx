@@ -12,6 +12,7 @@ from libc.string cimport memcpy
 
 from pagedcy._libs._pool cimport PagePool
 from pagedcy import _validate
+from pagedcy import dtypes as _dtypes
 from pagedcy.config import PagedKVCacheConfig
 
 cnp.import_array()
@@ -44,7 +45,8 @@ cdef class KVPageStore:
         self.head_dim = config.head_dim
         self.kv_dim = config.kv_dim()
         self.code = self.pool.dtype_code
-        self.row_bytes = self.kv_dim * self.pool.itemsize
+        self.row_elems = self.num_kv_heads * _dtypes.head_row_elems(config.dtype, self.head_dim)
+        self.row_bytes = self.row_elems * self.pool.itemsize
         self.half_bytes = self.page_size * self.row_bytes
         self.layer_bytes = 2 * self.half_bytes
 
@@ -59,10 +61,10 @@ cdef class KVPageStore:
             if run > n - i:
                 run = n - i
             page = table[pos // self.page_size]
-            pagedcy_store_from_f32(self.code, self.row_ptr(page, layer, 0, off),
-                                   k + i * self.kv_dim, run * self.kv_dim)
-            pagedcy_store_from_f32(self.code, self.row_ptr(page, layer, 1, off),
-                                   v + i * self.kv_dim, run * self.kv_dim)
+            pagedcy_kv_store(self.code, self.row_ptr(page, layer, 0, off),
+                             k + i * self.kv_dim, run * self.kv_dim, self.head_dim)
+            pagedcy_kv_store(self.code, self.row_ptr(page, layer, 1, off),
+                             v + i * self.kv_dim, run * self.kv_dim, self.head_dim)
             i += run
             pos += run
 
@@ -78,8 +80,8 @@ cdef class KVPageStore:
                 run = n - i
             page = table[pos // self.page_size]
             if to_f32:
-                pagedcy_load_to_f32(self.code, <float *>(dst + i * out_row),
-                                    self.row_ptr(page, layer, which, off), run * self.kv_dim)
+                pagedcy_kv_load(self.code, <float *>(dst + i * out_row),
+                                self.row_ptr(page, layer, which, off), run * self.kv_dim, self.head_dim)
             else:
                 memcpy(dst + i * out_row, self.row_ptr(page, layer, which, off),
                        run * self.row_bytes)
@@ -110,9 +112,10 @@ cdef class KVPageStore:
     # -- Python API ---------------------------------------------------------
     def pages(self):
         """All pages as a writable zero-copy array
-        ``[max_pages, num_layers, 2, page_size, num_kv_heads, head_dim]`` of the storage dtype."""
+        ``[max_pages, num_layers, 2, page_size, num_kv_heads, head_dim]`` of the storage dtype
+        (int8: last axis ``head_dim + 4``, each head row's values then its float32 scale)."""
         return self.pool.as_array((self.pool.max_pages, self.num_layers, 2, self.page_size,
-                                   self.num_kv_heads, self.head_dim))
+                                   self.num_kv_heads, self.row_elems // self.num_kv_heads))
 
     def _table(self, block_table, Py_ssize_t npages):
         bt = np.asarray(block_table)
@@ -153,8 +156,9 @@ cdef class KVPageStore:
 
     def read(self, block_table, layer, which, start, n, out=None, float32=False):
         """Read ``n`` token rows of K (``which`` 0/'k') or V (1/'v') of ``layer`` from
-        ``start`` into ``out`` (``[n, kv_dim]``, storage dtype, or float32 when ``float32``)
-        or a new array; returns it."""
+        ``start`` into ``out`` (``[n, kv_dim]`` float32 when ``float32``, int8 dequantized;
+        else the stored rows, ``[n, row_elems]`` of the storage dtype, ``row_elems == kv_dim``
+        except for int8) or a new array; returns it."""
         cdef Py_ssize_t L = _validate.check_index(layer, self.num_layers, "layer")
         if isinstance(which, bool) or which not in _WHICH:
             raise ValueError(f"which must be 'k' or 'v', got {which!r}")
@@ -162,13 +166,14 @@ cdef class KVPageStore:
         cdef Py_ssize_t s = _validate.check_count(start, "start", 2**40)
         cdef Py_ssize_t cnt = _validate.check_count(n, "n")
         dt = np.dtype(np.float32) if float32 else self.pool.dtype
+        cdef Py_ssize_t width = self.kv_dim if float32 else self.row_elems
         if out is not None:
-            _validate.check_out(out, (cnt, self.kv_dim), dt)
+            _validate.check_out(out, (cnt, width), dt)
         # The table bounds n before anything is allocated: a huge n with a short
         # table is a ValueError, not an attempt to allocate terabytes.
         bt = self._table(block_table, (s + cnt + self.page_size - 1) // self.page_size) if cnt else None
         if out is None:
-            out = np.empty((cnt, self.kv_dim), dtype=dt)
+            out = np.empty((cnt, width), dtype=dt)
         if cnt == 0:
             return out
         cdef const int32_t *t = <const int32_t *>cnp.PyArray_DATA(bt)

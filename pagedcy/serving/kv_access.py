@@ -154,7 +154,7 @@ class KVAccess:
             table = h.block_table()
             k = self._p.store.read(table, layer, 0, start, n, float32=float32)
             v = self._p.store.read(table, layer, 1, start, n, float32=float32)
-        shape = (n, cfg.num_kv_heads, cfg.head_dim)
+        shape = (n, cfg.num_kv_heads, -1)        # stored int8 rows end with their scale
         return k.reshape(shape), v.reshape(shape)
 
     # -- engine step ----------------------------------------------------------------------

@@ -18,12 +18,14 @@ import time
 
 import numpy as np
 
-from pagedcy._libs._attention import batch_paged_attention, simd_level
+from pagedcy._libs._attention import (_batch_paged_attention_tuned, batch_paged_attention,
+                                      simd_level)
 from pagedcy._libs._threads import simd_path
 from pagedcy._libs._bandwidth import read_bandwidth
 from pagedcy.tools.info import cpu_description, huge_pages
 from pagedcy.tools._progress import Progress
 from pagedcy._libs._pool import aligned_zeros
+from pagedcy import dtypes as _dtypes
 
 H, HKV, D, T = 32, 8, 128, 16
 
@@ -53,6 +55,8 @@ def best_time(fn, repeats):
 def _to_storage(x, dtype):
     if dtype == "float32":
         return x
+    if dtype == "int8":
+        return _dtypes.quantize_int8(x)
     if dtype == "float16":
         return x.astype(np.float16)
     u = x.view(np.uint32)                 # bf16 bits, round to nearest even
@@ -60,15 +64,20 @@ def _to_storage(x, dtype):
 
 
 def _from_storage(x, dtype):
+    if dtype == "int8":
+        return _dtypes.dequantize_int8(x)
     if dtype == "bfloat16":
         return (x.astype(np.uint32) << 16).view(np.float32)
     return x.astype(np.float32, copy=False)
 
 
 def page_array(shape, dtype):
-    """Uninitialised page storage of ``shape`` for ``dtype``, allocated as a
-    PagePool's buffer is (4 KiB aligned), so the kernel sees the layout users get."""
-    sdt = np.dtype(np.float32 if dtype == "float32" else (np.float16 if dtype == "float16" else np.uint16))
+    """Uninitialised page storage for float pages of ``shape`` in ``dtype`` (int8: head rows
+    of head_dim + 4), allocated as a PagePool's buffer is (4 KiB aligned), so the kernel
+    sees the layout users get."""
+    sdt = {"float32": np.float32, "float16": np.float16, "int8": np.int8}.get(dtype, np.uint16)
+    sdt = np.dtype(sdt)
+    shape = tuple(shape[:-1]) + (_dtypes.head_row_elems(dtype, shape[-1]),)
     return aligned_zeros(math.prod(shape) * sdt.itemsize).view(sdt).reshape(shape)
 
 
@@ -131,7 +140,8 @@ def torch_case(q, pages, bt, lens, dtype, causal, threads):
     kv_len = int(lens[0])
     kv = _from_storage(pages[bt][:, :, 0], dtype)
     kv = kv.transpose(0, 2, 4, 1, 3, 5).reshape(B, 2, HKV, -1, D)[:, :, :, :kv_len]
-    tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    # int8: torch on the dequantized values in float32
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype, torch.float32)
     K = torch.from_numpy(np.ascontiguousarray(kv[:, 0])).to(tdt)
     V = torch.from_numpy(np.ascontiguousarray(kv[:, 1])).to(tdt)
     del kv
@@ -182,12 +192,15 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_sim
     q, indptr, pages, bt, lens = case_inputs(batch, kv_len, dtype, q_len, seed)
     out = np.empty_like(q)
     causal = kind == "prefill"
+    # small (cache-resident) cases run the kernel several times per call, so
+    # the Python call and thread start-up stay out of their rate
+    reps = max(1, (64 << 20) // pages.nbytes) if kind == "decode" else 1
 
     def ours():
-        batch_paged_attention(q, indptr, pages, 0, bt, lens, out=out, causal=causal,
-                              num_threads=threads, _max_simd=max_simd)
+        _batch_paged_attention_tuned(q, indptr, pages, 0, bt, lens, out=out, causal=causal,
+                                     num_threads=threads, max_simd=max_simd, repeat=reps)
     ours()                                # warm-up: page faults, thread start
-    row = {"case": name, "threads": threads, "numpy": None, "torch": None,
+    row = {"case": name, "threads": threads, "numpy": None, "torch": None, "reps": reps,
            "ran_baselines": False, "run": ours, "times": [], "kind": kind, "nbytes": pages.nbytes,
            "spec": (kind, batch, kv_len, dtype, threads, seed, q_len)}
     if kind == "prefill":
@@ -224,7 +237,7 @@ def finish_row(row, bw):
     """Fill a benchmark row's derived columns in place from its best time: ``ms``, ``rate``
     and ``unit`` (GB/s of page bytes read for decode, GFLOP/s for prefill) and ``pct_bw``
     (decode rate as a percentage of ``bw[threads]``, the measured read bandwidth in GB/s)."""
-    t = min(row["times"])
+    t = min(row["times"]) / row["reps"]
     row["ms"] = t * 1e3
     if row["kind"] == "decode":
         row["rate"] = row["nbytes"] / t / 1e9
@@ -365,6 +378,11 @@ def main(argv=None):
         (f"{dec} bf16", "decode", dec_b, dec_l, "bfloat16", nt, 1, 2),
         (prefill, "prefill", 1, pre_l, "float32", 1, pre_l, 2),
         (prefill, "prefill", 1, pre_l, "float32", nt, pre_l, 2),
+        (f"{dec} int8", "decode", dec_b, dec_l, "int8", nt, 1, 2),
+        # the same kernel with K/V resident in the last-level cache: its compute limit
+        ("decode 4x256 fp32 [in cache]", "decode", 4, 256, "float32", nt, 1, 2),
+        ("decode 4x256 fp16 [in cache]", "decode", 4, 256, "float16", nt, 1, 2),
+        ("decode 4x256 int8 [in cache]", "decode", 4, 256, "int8", nt, 1, 2),
     ]
     if nt == 1:
         specs = [s for i, s in enumerate(specs) if i not in (1, 5)]
@@ -416,6 +434,10 @@ def main(argv=None):
         if a32 and a16:
             line += f"; with the AVX2 kernels: {a32['ms'] / a16['ms']:.2f}x"
         print(line)
+    i8 = by.get((f"{dec} int8", nt))
+    if i8 and d32 and f16:
+        print(f"int8 decode speed-up ({nt} threads): {d32['ms'] / i8['ms']:.2f}x over fp32, "
+              f"{f16['ms'] / i8['ms']:.2f}x over fp16")
     p1, p2 = by.get((prefill, 1)), by.get((prefill, nt))
     if p1 and p2 and nt > 1:
         print(f"prefill scaling 1 -> {nt} threads: {p1['ms'] / p2['ms']:.2f}x")

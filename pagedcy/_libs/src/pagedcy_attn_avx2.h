@@ -7,63 +7,19 @@
 #ifndef PAGEDCY_ATTN_AVX2_H
 #define PAGEDCY_ATTN_AVX2_H
 
-#include "pagedcy_convert.h"
-#include <math.h>
+#include "pagedcy_attn_types.h"
 
 #if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
 #define PAGEDCY_ATTN_HAVE_AVX2 1
 #define PA_AVX2 __attribute__((target("avx2,fma,f16c")))
-/* Prefetches run a whole page ahead, more than L1 holds, so they target L2
- * (T1); measured ~3% faster than T0 on fp16 decode, equal on fp32. */
-#define PA_PF(p) do { if (flags & 1) _mm_prefetch((p), _MM_HINT_T0); else _mm_prefetch((p), _MM_HINT_T1); } while (0)
 #define PA_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
-/* Prefetch cursor over stretches [row0, row1) of `len` bytes, `stride`
- * apart, in the next page: either the starts of its 4 KiB pages or the
- * starts of the item's slice of each K/V row (pagedcy_attn_item.h picks).
- * The kernels issue its lines a few per step of their inner loops, so misses
- * stay in flight all the time instead of in bursts that fill the line-fill
- * buffers and stall. When len covers the whole stride the stretches abut
- * and the cursor is one contiguous span (p -> end); otherwise it hops. */
-typedef struct {
-    const char *p, *row_end, *end;
-    int64_t stride, len;
-} pa_pfcur;
-
-static inline void pa_pf_init(pa_pfcur *c, const char *base, int64_t stride, int64_t len, int row0, int row1) {
-    c->stride = stride;
-    c->len = len;
-    c->p = base + (int64_t)row0 * stride;
-    if (row0 >= row1) { c->row_end = c->end = c->p; return; }
-    if (len >= stride) c->row_end = c->end = base + (int64_t)row1 * stride;
-    else { c->row_end = c->p + len; c->end = base + (int64_t)(row1 - 1) * stride + len; }
-}
-
-static inline int pa_pf_lines_left(const pa_pfcur *c) {
-    if (!c || c->p >= c->end) return 0;
-    int64_t n = (c->row_end - c->p + 63) / 64;
-    if (c->end > c->row_end) n += (c->end - c->row_end) / c->stride * ((c->len + 63) / 64);
-    return (int)n;
-}
-
-static inline void pa_pf_step(pa_pfcur *c, int n, int flags) {
-    while (n > 0 && c->p < c->end) {
-        int k = (int)((c->row_end - c->p + 63) >> 6);
-        if (k > n) k = n;
-        for (int i = 0; i < k; i++) PA_PF(c->p + 64 * i);
-        c->p += 64 * (int64_t)k;
-        n -= k;
-        if (c->p >= c->row_end && c->row_end < c->end) {
-            c->row_end += c->stride;
-            c->p = c->row_end - c->len;
-        }
-    }
-}
-
-/* Eight storage-dtype values -> 8 floats. `dtype` is a literal at every call
- * site after inlining, so the branch folds away. */
+/* Eight storage-dtype values -> 8 floats (int8: unscaled). `dtype` is a
+ * literal at every call site after inlining, so the branch folds away. */
 PA_AVX2_INLINE __m256 pa_ld8(const void *base, int64_t idx, int dtype) {
     if (dtype == PAGEDCY_F32) return _mm256_loadu_ps((const float *)base + idx);
+    if (dtype == PAGEDCY_I8)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)base + idx))));
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + idx));
     if (dtype == PAGEDCY_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -75,8 +31,8 @@ PA_AVX2_INLINE __m256 pa_ld8(const void *base, int64_t idx, int dtype) {
  * slot per 8 values). The unpacks return elements {0-3, 8-11} and
  * {4-7, 12-15} of each 16-chunk, so an item using this mode stores its
  * queries and accumulators with the middle two 4-groups of every 16-chunk
- * swapped (pa_swap_mid) and swaps back when writing results. */
-#define PA_BF16P 3
+ * swapped (pa_scale_copy_avx2 with perm) and swaps back when writing
+ * results. The kernels take this as a `perm` argument beside the dtype. */
 
 PA_AVX2_INLINE void pa_ld16_bf16p(const void *base, int64_t idx, __m256 *lo, __m256 *hi) {
     __m256i x = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx));
@@ -107,20 +63,6 @@ PA_AVX2_INLINE __m256 pa_hsum8(__m256 a, __m256 b, __m256 c, __m256 d,
     __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
                          _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-PA_AVX2_INLINE float pa_hmax8(__m256 x) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-PA_AVX2_INLINE float pa_hadd8(__m256 x) {
-    __m128 m = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
 }
 
 /* exp(x) = 2^fx * p(r), r = x - fx*ln2 (ln2 in two parts), p the Cephes
@@ -171,21 +113,11 @@ PA_AVX2_INLINE __m256 pa_tanh8(__m256 x) {
     return _mm256_or_ps(r, _mm256_and_ps(signmask, x));
 }
 
-/* Scores of 4 packed query rows (stride D) against tokens [tlo, thi) of one
- * K slice (token stride ks elements), tlo even. 4 rows x 2 tokens per step:
- * 6 loads feed 8 FMAs, and the eight sums are reduced together into one
- * vector that is stored whole in the "pair" layout
- *     S[(t/2)*8 + 2*r + (t&1)] = q_r . k_t
- * (one 32-byte store per token pair; scattering it into per-row arrays made
- * the softmax's vector loads wait on failed store forwarding). A token past
- * thi in the last pair is computed from a duplicate of the previous row, so
- * nothing beyond the slice is read. pf, when not NULL, is a prefetch cursor
- * over the next page (pa_pfcur); its lines are issued a few per token pair
- * so the page walk's random jumps do not stall on DRAM latency. */
 /* q_r . k_t for 4 packed query rows (stride D) and two K rows given by
  * their base pointers, returned as [r0t0, r0t1, r1t0, r1t1, ...]. Row base
  * pointers + one shared index keep address arithmetic out of the loop. */
-PA_AVX2_INLINE __m256 pa_qk4_pair(const float *q, int D, const char *kb0, const char *kb1, int dtype) {
+PA_AVX2_INLINE __m256 pa_qk4_pair(const float *q, int D, const char *kb0, const char *kb1, int dtype,
+                                 int perm) {
     const float *q0 = q, *q1 = q + D, *q2 = q + 2 * D, *q3 = q + 3 * D;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
 #define PA_QK_STEPK(dd, k0, k1) do { \
@@ -201,7 +133,7 @@ PA_AVX2_INLINE __m256 pa_qk4_pair(const float *q, int D, const char *kb0, const 
         PA_QK_STEPK((dd), k0_, k1_); \
     } while (0)
     int64_t d = 0;       /* 64-bit: no sign extension per load in the loop */
-    if (dtype == PA_BF16P) {
+    if (perm) {
         for (; d < D; d += 16) {
             __m256 k0l, k0h, k1l, k1h;
             pa_ld16_bf16p(kb0, d, &k0l, &k0h);
@@ -243,14 +175,25 @@ PA_AVX2_INLINE void pa_qk4_tri(const float *q, int D, const char *kb0, const cha
     *single = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
 }
 
+/* Scores of 4 packed query rows (stride D) against tokens [tlo, thi) of one
+ * K slice (token stride ks elements), tlo even. 4 rows x 2 tokens per step:
+ * 6 loads feed 8 FMAs, and the eight sums are reduced together into one
+ * vector that is stored whole in the "pair" layout
+ *     S[(t/2)*8 + 2*r + (t&1)] = q_r . k_t
+ * (one 32-byte store per token pair; scattering it into per-row arrays made
+ * the softmax's vector loads wait on failed store forwarding). A token past
+ * thi in the last pair is computed from a duplicate of the previous row, so
+ * nothing beyond the slice is read. pf, when not NULL, is a prefetch cursor
+ * over the next page (pa_pfcur); its lines are issued a few per token pair
+ * so the page walk's random jumps do not stall on DRAM latency. */
 PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
                              int tlo, int thi, float *S, int Sld,
-                             pa_pfcur *pf, int flags, int dtype) {
-    const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2;
+                             pa_pfcur *pf, int flags, int dtype, int perm) {
+    const int64_t es = pa_dtype_bytes(dtype);
     /* prefetch lines per token pair */
     const int per_pair = pf ? (pa_pf_lines_left(pf) + (thi - tlo + 1) / 2 - 1) / ((thi - tlo + 1) / 2) : 0;
     int t = tlo;
-    if (dtype != PA_BF16P && !(flags & 1024)) {
+    if (!perm && !(flags & PA_TUNE_NO_QK3)) {
         /* six tokens = pairs (t, t+1), (t+2, t+3), (t+4, t+5) from two
          * 3-token passes: (t, t+1 | t+2) and (t+4, t+5 | t+3) */
         for (; t + 6 <= thi; t += 6) {
@@ -273,7 +216,7 @@ PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
         int64_t o0 = (int64_t)t * ks, o1 = two ? o0 + ks : o0;
         if (pf) pa_pf_step(pf, per_pair, flags);
         _mm256_storeu_ps(S + (t >> 1) * 8,
-                         pa_qk4_pair(q, D, (const char *)K + o0 * es, (const char *)K + o1 * es, dtype));
+                         pa_qk4_pair(q, D, (const char *)K + o0 * es, (const char *)K + o1 * es, dtype, perm));
     }
     if (pf) pa_pf_step(pf, pa_pf_lines_left(pf), flags);
     (void)Sld;
@@ -285,8 +228,9 @@ PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
  * load is shared by the 4 rows. */
 PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P, int Sld,
                              const void *V, int64_t vs, int tlo, int thi,
-                             pa_pfcur *pf, int flags, int dtype) {
+                             pa_pfcur *pf, int flags, int dtype, int perm) {
     (void)Sld;
+    const int64_t es = pa_dtype_bytes(dtype);
     float *O0 = O, *O1 = O + D, *O2 = O + 2 * D, *O3 = O + 3 * D;
     __m256 al0 = _mm256_set1_ps(alpha[0]), al1 = _mm256_set1_ps(alpha[1]);
     __m256 al2 = _mm256_set1_ps(alpha[2]), al3 = _mm256_set1_ps(alpha[3]);
@@ -299,11 +243,11 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
         __m256 c10 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d), al1), c11 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d + 8), al1);
         __m256 c20 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d), al2), c21 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d + 8), al2);
         __m256 c30 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d), al3), c31 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d + 8), al3);
-        const int64_t vsb = vs * (dtype == PAGEDCY_F32 ? 4 : 2);
-        const char *vr = (const char *)V + ((int64_t)tlo * vs + d) * (dtype == PAGEDCY_F32 ? 4 : 2);
+        const int64_t vsb = vs * es;
+        const char *vr = (const char *)V + ((int64_t)tlo * vs + d) * es;
 #define PA_PV_STEP(row, pp) do { \
             __m256 v0, v1; \
-            if (dtype == PA_BF16P) pa_ld16_bf16p((row), 0, &v0, &v1); \
+            if (perm) pa_ld16_bf16p((row), 0, &v0, &v1); \
             else { v0 = pa_ld8((row), 0, dtype); v1 = pa_ld8((row), 8, dtype); } \
             __m256 b; \
             b = _mm256_broadcast_ss((pp)); c00 = _mm256_fmadd_ps(b, v0, c00); c01 = _mm256_fmadd_ps(b, v1, c01); \
@@ -340,37 +284,19 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
     }
 }
 
+/* Decode entry points: one dtype switch, then the inlined kernel for that
+ * storage dtype (perm: bf16 read in the permuted lane order). */
 PA_AVX2 static void pa_qk4_avx2(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,
-                                float *S, int Sld, pa_pfcur *pf, int flags, int dtype) {
-    if (dtype == PAGEDCY_F32) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, flags, PAGEDCY_F32);
-    else if (dtype == PAGEDCY_F16) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, flags, PAGEDCY_F16);
-    else if (dtype == PAGEDCY_BF16) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, flags, PAGEDCY_BF16);
-    else pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, flags, PA_BF16P);
+                                float *S, int Sld, pa_pfcur *pf, int flags, int dtype, int perm) {
+    if (perm) pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, flags, PAGEDCY_BF16, 1);
+    else PA_DISPATCH_DTYPE(dtype, DT, pa_qk4_t(q, D, K, ks, tlo, thi, S, Sld, pf, flags, DT, 0));
 }
 
 PA_AVX2 static void pa_pv4_avx2(float *O, int D, const float *alpha, const float *P, int Sld,
                                 const void *V, int64_t vs, int tlo, int thi,
-                                pa_pfcur *pf, int flags, int dtype) {
-    if (dtype == PAGEDCY_F32) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, flags, PAGEDCY_F32);
-    else if (dtype == PAGEDCY_F16) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, flags, PAGEDCY_F16);
-    else if (dtype == PAGEDCY_BF16) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, flags, PAGEDCY_BF16);
-    else pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, flags, PA_BF16P);
-}
-
-/* Reduce four 8-float vectors to one 4-float vector of their maxima / sums. */
-PA_AVX2_INLINE __m128 pa_hmax4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
-    __m128 x0 = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 x1 = _mm_max_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
-    __m128 x2 = _mm_max_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
-    __m128 x3 = _mm_max_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
-    _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
-    return _mm_max_ps(_mm_max_ps(x0, x1), _mm_max_ps(x2, x3));
-}
-
-PA_AVX2_INLINE __m128 pa_hadd4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
-    __m256 t0 = _mm256_hadd_ps(a, b), t1 = _mm256_hadd_ps(c, d);
-    __m256 u = _mm256_hadd_ps(t0, t1);   /* [a_lo b_lo c_lo d_lo | a_hi b_hi c_hi d_hi] */
-    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+                                pa_pfcur *pf, int flags, int dtype, int perm) {
+    if (perm) pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, flags, PAGEDCY_BF16, 1);
+    else PA_DISPATCH_DTYPE(dtype, DT, pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, flags, DT, 0));
 }
 
 /* End of an online-softmax step of a 4-row block: from the new row maxima
@@ -450,14 +376,13 @@ PA_AVX2 static void pa_softmax4_avx2(float *S, int jb, int je, const int32_t *vl
     pa_softmax4_finish(mnew, acc, vlo, vhi, m, l, alpha);
 }
 
+PA_AVX2_INLINE void pa_pack_row_t(float *dst, const void *src, int D, int dtype) {
+    const __m256 s = _mm256_set1_ps(dtype == PAGEDCY_I8 ? pagedcy_i8_scale(src, (size_t)D) : 1.0f);
+    for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, _mm256_mul_ps(pa_ld8(src, d, dtype), s));
+}
+
 PA_AVX2 static void pa_pack_row_avx2(float *dst, const void *src, int D, int dtype) {
-    if (dtype == PAGEDCY_F32) {
-        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, pa_ld8(src, d, PAGEDCY_F32));
-    } else if (dtype == PAGEDCY_F16) {
-        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, pa_ld8(src, d, PAGEDCY_F16));
-    } else {
-        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, pa_ld8(src, d, PAGEDCY_BF16));
-    }
+    PA_DISPATCH_DTYPE(dtype, DT, pa_pack_row_t(dst, src, D, DT));
 }
 
 /* ---- prefill: three 4-row blocks at once ---------------------------------
@@ -466,10 +391,10 @@ PA_AVX2 static void pa_pack_row_avx2(float *dst, const void *src, int D, int dty
  * it; K is packed transposed so the score kernel needs no horizontal sums. */
 
 /* Kt[d][t] = K[t][d] for t < nt, 0 for nt <= t < ldk (ldk % 8 == 0): a
- * float32 copy of one page slice (token stride ks elements), transposed in
+ * float32 (int8: dequantized) copy of one page slice (token stride ks elements), transposed in
  * 8x8 tiles. */
-PA_AVX2 static void pa_pack_kt_avx2(float *Kt, int ldk, const void *K, int64_t ks, int nt, int D, int dtype) {
-    const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2;
+PA_AVX2_INLINE void pa_pack_kt_t(float *Kt, int ldk, const void *K, int64_t ks, int nt, int D, int dtype) {
+    const int64_t es = pa_dtype_bytes(dtype);
     for (int t0 = 0; t0 < ldk; t0 += 8) {
         for (int d0 = 0; d0 < D; d0 += 8) {
             __m256 r[8];
@@ -477,9 +402,8 @@ PA_AVX2 static void pa_pack_kt_avx2(float *Kt, int ldk, const void *K, int64_t k
                 const int t = t0 + i;
                 if (t >= nt) { r[i] = _mm256_setzero_ps(); continue; }
                 const char *row = (const char *)K + (int64_t)t * ks * es;
-                if (dtype == PAGEDCY_F32) r[i] = pa_ld8(row, d0, PAGEDCY_F32);
-                else if (dtype == PAGEDCY_F16) r[i] = pa_ld8(row, d0, PAGEDCY_F16);
-                else r[i] = pa_ld8(row, d0, PAGEDCY_BF16);
+                r[i] = pa_ld8(row, d0, dtype);
+                if (dtype == PAGEDCY_I8) r[i] = _mm256_mul_ps(r[i], _mm256_set1_ps(pagedcy_i8_scale(row, (size_t)D)));
             }
             __m256 a0 = _mm256_unpacklo_ps(r[0], r[1]), a1 = _mm256_unpackhi_ps(r[0], r[1]);
             __m256 a2 = _mm256_unpacklo_ps(r[2], r[3]), a3 = _mm256_unpackhi_ps(r[2], r[3]);
@@ -500,6 +424,10 @@ PA_AVX2 static void pa_pack_kt_avx2(float *Kt, int ldk, const void *K, int64_t k
             _mm256_storeu_ps(o + 7 * (int64_t)ldk, _mm256_permute2f128_ps(b3, b7, 0x31));
         }
     }
+}
+
+PA_AVX2 static void pa_pack_kt_avx2(float *Kt, int ldk, const void *K, int64_t ks, int nt, int D, int dtype) {
+    PA_DISPATCH_DTYPE(dtype, DT, pa_pack_kt_t(Kt, ldk, K, ks, nt, D, DT));
 }
 
 /* Four row vectors of 8 consecutive tokens (t0 even) -> the 4 pair vectors
@@ -592,11 +520,20 @@ PA_AVX2 static void pa_pv12_avx2(float *O, int D, const float *alpha, const floa
     }
 }
 
-PA_AVX2 static void pa_scale_copy_avx2(float *dst, const float *src, int n, float scale) {
+/* dst = src * scale; with perm, the middle 4-groups of each 16-chunk
+ * swapped (the lane order of the permuted bf16 loads; an involution, so the
+ * same call maps queries in and results out). */
+PA_AVX2 static void pa_scale_copy_avx2(float *dst, const float *src, int n, float scale, int perm) {
+    if (perm) { pa_swap_mid_scale(dst, src, n, scale); return; }
     int i = 0;
     __m256 s = _mm256_set1_ps(scale);
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_loadu_ps(src + i), s));
     for (; i < n; i++) dst[i] = src[i] * scale;
+}
+
+/* bf16 decode (items reading the pool directly) uses the permuted loads. */
+static inline int pa_kv_perm_avx2(int dtype, int D, int packed, int flags) {
+    return dtype == PAGEDCY_BF16 && D % 16 == 0 && !packed && !(flags & PA_TUNE_NO_BF16_PERM);
 }
 
 #endif /* x86 */

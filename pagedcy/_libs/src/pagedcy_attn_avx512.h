@@ -11,14 +11,13 @@
  * Where fp16 decode time goes (development VM, 32 x 2048 tokens, 2
  * threads): ~8.4-9 ms of compute with every page in L2 (a conversion is two
  * FMA-port uops, so a token and KV head costs ~60 cycles) against ~6 ms to
- * stream its 268 MB; measured 10-11 ms. One core keeps only so many
- * cache-line misses in flight: whole-row software prefetch ran into that
- * limit, no prefetch left the 256-byte head slices of 2 KiB rows to a
- * hardware prefetcher that does not follow them; prefetching the start of
- * each 4 KiB page (pa_pfcur, set up in pagedcy_attn_item.h) did best. A
- * token-major walk over all heads (sequential K rows), L1 prefetch of the
- * next head's slice, extra lines past the first stretch and prefetching in
- * bursts at each head's start were slower.
+ * stream its 268 MB; measured 10-11 ms. There, prefetching only the start
+ * of each 4 KiB page of the next page did best; on an AMD EPYC (Zen 4) the
+ * hardware prefetchers do not stream the rest of those pages, and software
+ * prefetch of the whole next page (pa_pfcur, set up in pagedcy_attn_item.h)
+ * made DRAM-resident decode 1.3-2.1x faster. A token-major walk over all
+ * heads (sequential K rows), L1 prefetch of the next head's slice and
+ * prefetching in bursts at each head's start were slower.
  *
  * Tried and dropped (prototype measured in L2, one thread, per token and KV
  * head): AMX-BF16 for the fp16 scores. fp16 splits exactly into three bf16
@@ -41,9 +40,11 @@
 #define PA_AVX512_INLINE __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c"), \
                                         always_inline)) static inline
 
-/* Sixteen storage-dtype values -> 16 floats (dtype a literal after inlining). */
+/* Sixteen storage-dtype values -> 16 floats (int8 unscaled; dtype a literal after inlining). */
 PA_AVX512_INLINE __m512 pa_ld16z(const void *base, int64_t idx, int dtype) {
     if (dtype == PAGEDCY_F32) return _mm512_loadu_ps((const float *)base + idx);
+    if (dtype == PAGEDCY_I8)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)base + idx))));
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + idx));
     if (dtype == PAGEDCY_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -118,7 +119,7 @@ PA_AVX512_INLINE __m256 pa_qk4x2_z(const float *q, int D, const char *kb0, const
 
 PA_AVX512_INLINE void pa_qk4_z(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,
                                float *S, pa_pfcur *pf, int flags, int dtype) {
-    const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2, rs = ks * es;
+    const int64_t es = pa_dtype_bytes(dtype), rs = ks * es;
     const int steps = (thi - tlo + 3) / 4 * (D / 16);
     const int per_step = pf ? (pa_pf_lines_left(pf) + steps - 1) / steps : 0;
     int t = tlo;
@@ -136,7 +137,7 @@ PA_AVX512_INLINE void pa_qk4_z(const float *q, int D, const void *K, int64_t ks,
 PA_AVX512_INLINE void pa_pv4_pass_z(float *O, int D, int d0, const float *alpha, const float *P,
                                     const void *V, int64_t vs, int tlo, int thi, pa_pfcur *pf,
                                     int pf_per_step, int flags, int NC, int dtype) {
-    const int64_t es = dtype == PAGEDCY_F32 ? 4 : 2;
+    const int64_t es = pa_dtype_bytes(dtype);
     __m512 c[4][4];
     for (int r = 0; r < 4; r++) {
         const __m512 al = _mm512_set1_ps(alpha[r]);
@@ -269,21 +270,28 @@ PA_AVX512 static void pa_pv12_avx512(float *O, int D, const float *alpha, const 
     }
 }
 
+/* Decode entry points, same signatures as the AVX2 ones; 16-wide loads widen
+ * bf16 in order, so perm is never set here. */
 PA_AVX512 static void pa_qk4_avx512(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,
-                                    float *S, int Sld, pa_pfcur *pf, int flags, int dtype) {
-    (void)Sld;                       /* same signature as pa_qk4_avx2 */
-    if (dtype == PAGEDCY_F32) pa_qk4_z(q, D, K, ks, tlo, thi, S, pf, flags, PAGEDCY_F32);
-    else if (dtype == PAGEDCY_F16) pa_qk4_z(q, D, K, ks, tlo, thi, S, pf, flags, PAGEDCY_F16);
-    else pa_qk4_z(q, D, K, ks, tlo, thi, S, pf, flags, PAGEDCY_BF16);
+                                    float *S, int Sld, pa_pfcur *pf, int flags, int dtype, int perm) {
+    (void)Sld; (void)perm;
+    PA_DISPATCH_DTYPE(dtype, DT, pa_qk4_z(q, D, K, ks, tlo, thi, S, pf, flags, DT));
 }
 
 PA_AVX512 static void pa_pv4_avx512(float *O, int D, const float *alpha, const float *P, int Sld,
                                     const void *V, int64_t vs, int tlo, int thi, pa_pfcur *pf, int flags,
-                                    int dtype) {
-    (void)Sld;                       /* same signature as pa_pv4_avx2 */
-    if (dtype == PAGEDCY_F32) pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, PAGEDCY_F32);
-    else if (dtype == PAGEDCY_F16) pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, PAGEDCY_F16);
-    else pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, PAGEDCY_BF16);
+                                    int dtype, int perm) {
+    (void)Sld; (void)perm;
+    PA_DISPATCH_DTYPE(dtype, DT, pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, DT));
+}
+
+/* Packing and scaling are bandwidth-trivial: the AVX2 versions serve. */
+#define pa_pack_kt_avx512 pa_pack_kt_avx2
+#define pa_pack_row_avx512 pa_pack_row_avx2
+#define pa_scale_copy_avx512 pa_scale_copy_avx2
+static inline int pa_kv_perm_avx512(int dtype, int D, int packed, int flags) {
+    (void)dtype; (void)D; (void)packed; (void)flags;
+    return 0;
 }
 
 #endif /* AVX2 available */

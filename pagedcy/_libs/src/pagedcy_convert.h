@@ -1,4 +1,5 @@
-/* Storage-dtype conversion between float32 and the 16-bit KV formats.
+/* Storage-dtype conversion between float32 and the KV formats: float16,
+ * bfloat16, and int8 with a scale per (token, KV head) row.
  *
  * Scalar versions are exact IEEE round-to-nearest-even and are the reference;
  * the F16C/AVX2 bulk versions are compiled with target attributes and picked
@@ -11,10 +12,16 @@
 #include <stdint.h>
 #include <string.h>
 #include <stddef.h>
+#include <math.h>
 
 #define PAGEDCY_F32 0
 #define PAGEDCY_F16 1
 #define PAGEDCY_BF16 2
+/* int8: each (token, KV head) row is head_dim int8 values q followed by its
+ * float32 scale s (4 bytes, native byte order); the row stands for q * s.
+ * Symmetric: s = max|x| / 127, q = round(x / s) in [-127, 127]. */
+#define PAGEDCY_I8 3
+#define PAGEDCY_I8_SCALE_BYTES 4
 
 #if defined(__x86_64__) || defined(__i386__)
 #define PAGEDCY_X86 1
@@ -187,6 +194,63 @@ static inline void pagedcy_load_to_f32(int dtype, float *dst, const void *src, s
     } else {
         for (size_t i = 0; i < n; i++) dst[i] = pagedcy_bf16_to_f32(s[i]);
     }
+}
+
+/* Stored bytes of one (token, KV head) row of head_dim values. */
+static inline size_t pagedcy_head_bytes(int dtype, size_t head_dim) {
+    if (dtype == PAGEDCY_I8) return head_dim + PAGEDCY_I8_SCALE_BYTES;
+    return head_dim * (dtype == PAGEDCY_F32 ? 4 : 2);
+}
+
+/* Quantize one row of D floats. Non-finite values saturate and stay in
+ * their row: the scale comes from the finite values only, NaN stores 0,
+ * +-Inf store +-127 (0 when the row has no non-zero finite value). */
+static inline void pagedcy_quantize_i8_row(int8_t *dst, const float *src, size_t D) {
+    float amax = 0.0f;
+    for (size_t d = 0; d < D; d++) {
+        const float a = fabsf(src[d]);
+        if (a > amax && a <= 3.402823466e38f) amax = a;
+    }
+    const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (size_t d = 0; d < D; d++) {
+        const float x = src[d];
+        float y;
+        if (x != x) y = 0.0f;
+        else if (fabsf(x) > 3.402823466e38f) y = amax > 0.0f ? (x > 0.0f ? 127.0f : -127.0f) : 0.0f;
+        else y = nearbyintf(x * inv);
+        if (y > 127.0f) y = 127.0f;
+        if (y < -127.0f) y = -127.0f;
+        dst[d] = (int8_t)y;
+    }
+    memcpy(dst + D, &scale, sizeof(float));
+}
+
+static inline float pagedcy_i8_scale(const void *row, size_t D) {
+    float s;
+    memcpy(&s, (const char *)row + D, sizeof(float));
+    return s;
+}
+
+static inline void pagedcy_dequantize_i8_row(float *dst, const int8_t *src, size_t D) {
+    const float s = pagedcy_i8_scale(src, D);
+    for (size_t d = 0; d < D; d++) dst[d] = (float)src[d] * s;
+}
+
+/* n float32 values (rows of head_dim) into storage dtype `dtype` at dst,
+ * pagedcy_head_bytes(dtype, head_dim) bytes per row. */
+static inline void pagedcy_kv_store(int dtype, void *dst, const float *src, size_t n, size_t head_dim) {
+    if (dtype != PAGEDCY_I8) { pagedcy_store_from_f32(dtype, dst, src, n); return; }
+    const size_t hb = pagedcy_head_bytes(dtype, head_dim);
+    for (size_t r = 0; r < n / head_dim; r++)
+        pagedcy_quantize_i8_row((int8_t *)dst + r * hb, src + r * head_dim, head_dim);
+}
+
+/* The inverse: n float32 values from rows of storage dtype `dtype`. */
+static inline void pagedcy_kv_load(int dtype, float *dst, const void *src, size_t n, size_t head_dim) {
+    if (dtype != PAGEDCY_I8) { pagedcy_load_to_f32(dtype, dst, src, n); return; }
+    const size_t hb = pagedcy_head_bytes(dtype, head_dim);
+    for (size_t r = 0; r < n / head_dim; r++)
+        pagedcy_dequantize_i8_row(dst + r * head_dim, (const int8_t *)src + r * hb, head_dim);
 }
 
 #endif

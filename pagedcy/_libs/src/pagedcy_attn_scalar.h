@@ -1,0 +1,153 @@
+/* Portable C micro-kernels of the paged-attention kernel: the reference
+ * path, and what runs when the CPU lacks AVX2 or the head dimension is not a
+ * multiple of 8. Same signatures and data layouts as the AVX2 / AVX-512
+ * kernels (scores in the pair layout, queries of packed items as [D][12]),
+ * so pagedcy_attn_item.h instantiates one driver for every instruction set.
+ * No prefetching here: the cursor arguments are accepted and ignored.
+ */
+#ifndef PAGEDCY_ATTN_SCALAR_H
+#define PAGEDCY_ATTN_SCALAR_H
+
+#include "pagedcy_attn_types.h"
+
+/* One stored value as float (dtype a constant after inlining; int8 unscaled). */
+static inline float pa_ld1(const void *base, int64_t i, int dtype) {
+    if (dtype == PAGEDCY_F32) return ((const float *)base)[i];
+    if (dtype == PAGEDCY_F16) return pagedcy_f16_to_f32(((const uint16_t *)base)[i]);
+    if (dtype == PAGEDCY_I8) return (float)((const int8_t *)base)[i];
+    return pagedcy_bf16_to_f32(((const uint16_t *)base)[i]);
+}
+
+static inline void pa_qk4_scalar_t(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,
+                                   float *S, int dtype) {
+    for (int t = tlo; t < thi; t++) {
+        const int64_t k0 = (int64_t)t * ks;
+        for (int r = 0; r < 4; r++) {
+            const float *x = q + (int64_t)r * D;
+            float acc = 0.0f;
+            for (int d = 0; d < D; d++) acc += x[d] * pa_ld1(K, k0 + d, dtype);
+            S[pa_pair_idx(r, t)] = acc;
+        }
+    }
+}
+
+/* Scores of 4 query rows (stride D) against tokens [tlo, thi) of a K slice
+ * (token stride ks elements), in the pair layout. */
+static void pa_qk4_scalar(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,
+                          float *S, int Sld, pa_pfcur *pf, int flags, int dtype, int perm) {
+    (void)Sld; (void)pf; (void)flags; (void)perm;
+    PA_DISPATCH_DTYPE(dtype, DT, pa_qk4_scalar_t(q, D, K, ks, tlo, thi, S, DT));
+}
+
+static inline void pa_pv4_scalar_t(float *O, int D, const float *alpha, const float *P,
+                                   const void *V, int64_t vs, int tlo, int thi, int dtype) {
+    for (int r = 0; r < 4; r++) {
+        float *o = O + (int64_t)r * D;
+        for (int d = 0; d < D; d++) o[d] *= alpha[r];
+        for (int t = tlo; t < thi; t++) {
+            const float w = P[pa_pair_idx(r, t)];
+            const int64_t v0 = (int64_t)t * vs;
+            for (int d = 0; d < D; d++) o[d] += w * pa_ld1(V, v0 + d, dtype);
+        }
+    }
+}
+
+/* O[r] = O[r]*alpha[r] + sum_{t in [tlo, thi)} P[r][t] V[t] for 4 rows, P in
+ * the pair layout. */
+static void pa_pv4_scalar(float *O, int D, const float *alpha, const float *P, int Sld,
+                          const void *V, int64_t vs, int tlo, int thi,
+                          pa_pfcur *pf, int flags, int dtype, int perm) {
+    (void)Sld; (void)pf; (void)flags; (void)perm;
+    PA_DISPATCH_DTYPE(dtype, DT, pa_pv4_scalar_t(O, D, alpha, P, V, vs, tlo, thi, DT));
+}
+
+/* Online-softmax step of a 4-row block over token pairs [jb, je), the
+ * contract of pa_softmax4_avx2: soft cap, ALiBi, mask outside [vlo, vhi] (an
+ * empty range marks an inactive row: p 0, alpha 1, m and l kept), scores
+ * replaced by p = exp(s - m_new), rescale factors written to alpha. */
+static void pa_softmax4_scalar(float *S, int jb, int je, const int32_t *vlo, const int32_t *vhi,
+                               float cap, const float *slope, const float *pos0,
+                               float *m, float *l, float *alpha) {
+    for (int r = 0; r < 4; r++) {
+        float mx = -INFINITY;
+        for (int t = 2 * jb; t < 2 * je; t++) {
+            float *s = S + pa_pair_idx(r, t);
+            float x = *s;
+            if (cap > 0.0f) x = cap * tanhf(x / cap);
+            if (slope[r] != 0.0f) x += slope[r] * ((float)t + pos0[r]);
+            if (t < vlo[r] || t > vhi[r]) x = -INFINITY;
+            *s = x;
+            if (x > mx) mx = x;
+        }
+        const float mnew = m[r] > mx ? m[r] : mx;
+        float sum = 0.0f;
+        for (int t = 2 * jb; t < 2 * je; t++) {
+            float *s = S + pa_pair_idx(r, t);
+            const float p = *s == -INFINITY ? 0.0f : expf(*s - mnew);
+            *s = p;
+            sum += p;
+        }
+        if (vlo[r] > vhi[r]) { alpha[r] = 1.0f; continue; }
+        alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - mnew);
+        l[r] = l[r] * alpha[r] + sum;
+        m[r] = mnew;
+    }
+}
+
+/* Kt[d][t] = K[t][d] as float32 (int8 dequantized) for t < nt, 0 for
+ * nt <= t < ldk. */
+static void pa_pack_kt_scalar(float *Kt, int ldk, const void *K, int64_t ks, int nt, int D, int dtype) {
+    for (int t = 0; t < ldk; t++) {
+        const char *row = (const char *)K + (int64_t)t * ks * pa_dtype_bytes(dtype);
+        const float s = t < nt && dtype == PAGEDCY_I8 ? pagedcy_i8_scale(row, (size_t)D) : 1.0f;
+        for (int d = 0; d < D; d++)
+            Kt[(int64_t)d * ldk + t] = t < nt ? pa_ld1(row, d, dtype) * s : 0.0f;
+    }
+}
+
+static void pa_pack_row_scalar(float *dst, const void *src, int D, int dtype) {
+    pagedcy_kv_load(dtype, dst, src, (size_t)D, (size_t)D);
+}
+
+/* Scores of 12 query vectors (qt [D][12]) against the 8-token groups of Kt
+ * ([D][ldk]) covering [tlo, thi), in the pair layout of blocks S0, S1, S2. */
+static void pa_qk12_scalar(const float *qt, int D, const float *Kt, int64_t ldk, int tlo, int thi,
+                           float *S0, float *S1, float *S2) {
+    float *Sb[3] = {S0, S1, S2};
+    const int tend = ((thi + 7) & ~7) < ldk ? ((thi + 7) & ~7) : (int)ldk;
+    for (int t = tlo & ~7; t < tend; t++)
+        for (int i = 0; i < 12; i++) {
+            float acc = 0.0f;
+            for (int d = 0; d < D; d++) acc += qt[(int64_t)d * 12 + i] * Kt[(int64_t)d * ldk + t];
+            Sb[i >> 2][pa_pair_idx(i & 3, t)] = acc;
+        }
+}
+
+/* O[i] = O[i]*alpha[i] + sum_t P[i][t] V[t] for 12 rows (V packed [t][D]). */
+static void pa_pv12_scalar(float *O, int D, const float *alpha, const float *S0, const float *S1,
+                           const float *S2, const float *V, int tlo, int thi) {
+    const float *Sb[3] = {S0, S1, S2};
+    for (int i = 0; i < 12; i++) {
+        float *o = O + (int64_t)i * D;
+        for (int d = 0; d < D; d++) o[d] *= alpha[i];
+        for (int t = tlo; t < thi; t++) {
+            const float w = Sb[i >> 2][pa_pair_idx(i & 3, t)];
+            for (int d = 0; d < D; d++) o[d] += w * V[(int64_t)t * D + d];
+        }
+    }
+}
+
+/* dst = src * scale; `perm` (a lane order of the AVX2 bf16 loads) is never
+ * set on this path. */
+static void pa_scale_copy_scalar(float *dst, const float *src, int n, float scale, int perm) {
+    (void)perm;
+    for (int i = 0; i < n; i++) dst[i] = src[i] * scale;
+}
+
+/* Whether the decode kernels read bf16 in the permuted lane order: never here. */
+static inline int pa_kv_perm_scalar(int dtype, int D, int packed, int flags) {
+    (void)dtype; (void)D; (void)packed; (void)flags;
+    return 0;
+}
+
+#endif
