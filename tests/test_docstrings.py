@@ -105,7 +105,7 @@ def _doc_beyond_signature(obj, name):
 
 
 EXTENSIONS = sorted(p.name.split(".")[0] for p in (ROOT / "_libs").glob("*.pyx"))
-READONLY = re.compile(r"^[ \t]*cdef[ \t]+(?:readonly|public)[ \t]+\w+[ \t]+([\w, \t]+)$", re.M)
+READONLY = re.compile(r"^[ \t]*cdef[ \t]+(?:readonly|public)[ \t]+\w+[ \t]+([\w, \t]+?)[ \t]*(?:#.*)?$", re.M)
 
 
 def readonly_attributes(name):
