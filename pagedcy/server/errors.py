@@ -55,7 +55,8 @@ def _validation_error(exc) -> APIError:
         return bad_request("request body is not valid JSON: "
                            + "; ".join(str(e.get("ctx", {}).get("error", e.get("msg"))) for e in errors),
                            code="invalid_json")
-    if any(e.get("loc", ())[:1] == ("body",) and len(e.get("loc", ())) == 1 for e in errors):
+    if any(tuple(e.get("loc", ())) == ("body",)
+           and e.get("type") in ("model_attributes_type", "dict_type", "missing") for e in errors):
         # the body as a whole is missing or is not an object
         return bad_request("request body must be a JSON object", code="invalid_body")
     first = errors[0] if errors else {}
