@@ -88,8 +88,9 @@ def test_stream_concatenates_to_the_full_text(client):
     assert texts == [c.text for c in full.choices]
     assert reasons == ["length", "length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 40
-    # token by token: one chunk per generated token per choice
-    assert len(chunks) - 1 == 40
+    # token by token, except that a consumer that falls behind gets the tokens it missed at once
+    assert all(c.choices[0].text for c in chunks[:-1])
+    assert 2 <= len(chunks) - 1 <= 40
 
 
 def test_stop_string(client):

@@ -95,6 +95,10 @@ class AsyncEngine:
         try:
             while True:
                 item = await stream.queue.get()
+                # outputs are cumulative: a consumer that fell behind skips to the latest
+                while (not isinstance(item, BaseException) and not item.finished
+                       and not stream.queue.empty()):
+                    item = stream.queue.get_nowait()
                 if isinstance(item, BaseException):
                     stream.finished = True
                     raise item
