@@ -3,7 +3,6 @@ in-process uvicorn on 127.0.0.1, the official openai client and raw httpx."""
 import asyncio
 import json
 import threading
-import time
 
 import pytest
 
@@ -11,9 +10,10 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
-prom_parser = pytest.importorskip("prometheus_client.parser")
+pytest.importorskip("prometheus_client")
 
 from server_fake import FakeEngine, InProcessServer, expected_text  # noqa: E402
+from server_proc import scrape as metrics, wait_for  # noqa: E402
 
 from pagedcy.server.chat_template import ChatTemplate  # noqa: E402
 
@@ -26,29 +26,6 @@ TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'tool' %}"
 
 def ids(text):
     return [ord(c) for c in text]
-
-
-def metrics(base_url):
-    text = httpx.get(base_url + "/metrics").text
-    out = {}
-    for fam in prom_parser.text_string_to_metric_families(text):
-        for s in fam.samples:
-            key = s.name + ("" if "le" not in s.labels else f"[{s.labels['le']}]")
-            if "finished_reason" in s.labels:
-                key += f"[{s.labels['finished_reason']}]"
-            if "status" in s.labels:
-                key += f"[{s.labels['status']}]"
-            out[key] = s.value
-    return out
-
-
-def wait_for(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
 
 
 @pytest.fixture(scope="module")

@@ -73,6 +73,14 @@ def is_loopback(host: str) -> bool:
         return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
+def bind_warning(host: str, api_key) -> "str | None":
+    """The warning printed when ``host`` is not loopback and no API key is set, else None."""
+    if api_key or is_loopback(host):
+        return None
+    return (f"WARNING: binding {host} (not loopback) without an API key: anyone who can reach "
+            f"this port can use the model. Pass --api-key or set ${API_KEY_ENV}.")
+
+
 def make_server(app, *, host: str, port: int, log_level: str, on_exit):
     """A ``uvicorn.Server`` whose signal handler also calls ``on_exit()`` (abort requests)."""
     import uvicorn
@@ -98,10 +106,9 @@ def serve(args) -> int:
     if args.max_waiting is not None and args.max_waiting < 0:
         raise SystemExit("--max-waiting must be >= 0")
     api_key = resolve_api_key(args.api_key)
-    if not is_loopback(args.host) and not api_key:
-        print(f"WARNING: binding {args.host} (not loopback) without an API key: anyone who can "
-              f"reach this port can use the model. Pass --api-key or set ${API_KEY_ENV}.",
-              file=sys.stderr, flush=True)
+    warning = bind_warning(args.host, api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     engine = LLMEngine(args.model, **engine_kwargs(args))
     try:
         template = ChatTemplate.from_model_dir(args.model, engine.tokenizer)

@@ -162,6 +162,11 @@ class RequestRunner:
         gen = self.engine.generate(request_id, {"prompt_token_ids": prompt_ids}, params)
         try:
             first = await race_disconnect(gen.__anext__(), raw_request)
+        except ClientGone:
+            await gen.aclose()
+            tracker.abort()
+            self._finish(tracker)
+            raise
         except BaseException:
             await gen.aclose()
             raise
