@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncGenerator, Optional
 
 from pagedcy.server.errors import APIError
 
@@ -76,7 +76,7 @@ class AsyncEngine:
         """True while the engine thread runs and has not failed."""
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
-    async def generate(self, request_id: str, prompt: Any, params) -> AsyncIterator[Any]:
+    async def generate(self, request_id: str, prompt: Any, params) -> AsyncGenerator[Any, None]:
         """Submit a request and yield its cumulative ``RequestOutput`` s until it finishes
         (or an :class:`Aborted` when the server stops).
 

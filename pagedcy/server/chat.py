@@ -122,11 +122,9 @@ class ChatEndpoint:
                     stop_reason=d.stop_reason)))
             return events
 
-        def final():
-            if not include_usage:
-                return []
-            return [sse(ChatCompletionChunk(id=request_id, created=created, model=name,
-                                            choices=[], usage=UsageInfo(**tracker.usage())))]
+        def usage_chunk(usage):
+            return ChatCompletionChunk(id=request_id, created=created, model=name, choices=[],
+                                       usage=usage)
 
         return await runner.stream(request_id, prompt_ids, params, tracker, raw_request,
-                                   render, final)
+                                   render, usage_chunk if include_usage else None)

@@ -35,7 +35,7 @@ class CompletionsEndpoint:
     def _prompt_ids(self, req: CompletionRequest) -> list[int]:
         if isinstance(req.prompt, str):
             return self.runner.encode(req.prompt)
-        return [int(t) for t in req.prompt]
+        return [int(t) for t in req.prompt]  # type: ignore[arg-type]  # one prompt (validator)
 
     async def __call__(self, req: CompletionRequest, raw_request):
         """The response: a CompletionResponse, or an async iterator of SSE lines."""
@@ -87,11 +87,9 @@ class CompletionsEndpoint:
                                               stop_reason=d.stop_reason)])))
             return events
 
-        def final():
-            if not include_usage:
-                return []
-            return [sse(CompletionResponse(id=request_id, created=created, model=name,
-                                           choices=[], usage=UsageInfo(**tracker.usage())))]
+        def usage_chunk(usage):
+            return CompletionResponse(id=request_id, created=created, model=name, choices=[],
+                                      usage=usage)
 
         return await runner.stream(request_id, prompt_ids, params, tracker, raw_request,
-                                   render, final)
+                                   render, usage_chunk if include_usage else None)

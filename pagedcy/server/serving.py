@@ -4,12 +4,12 @@ running a request on the :class:`AsyncEngine` (to completion, or as a stream of 
 from __future__ import annotations
 
 import asyncio
-import json
 from contextlib import aclosing
 from typing import AsyncIterator, Awaitable, Callable, Optional
 
 from pagedcy.server.async_engine import Aborted, AsyncEngine
 from pagedcy.server.errors import APIError, bad_request, sse_error
+from pagedcy.server.protocol import UsageInfo
 from pagedcy.server.tracker import ChoiceDelta, RequestTracker
 
 
@@ -152,12 +152,12 @@ class RequestRunner:
     async def stream(self, request_id: str, prompt_ids: list[int], params,
                      tracker: RequestTracker, raw_request,
                      render: Callable[[list[ChoiceDelta]], list[str]],
-                     final: Callable[[], list[str]]) -> AsyncIterator[str]:
+                     usage_chunk: Optional[Callable] = None) -> AsyncIterator[str]:
         """Start the request and return an iterator of SSE lines.
 
         The first engine output is awaited here, so a request the engine refuses fails
         with its status code instead of a broken stream. ``render`` turns deltas into
-        events; ``final`` gives the closing events before ``data: [DONE]``.
+        events; ``usage_chunk(UsageInfo)``, if given, the last chunk before ``data: [DONE]``.
         """
         gen = self.engine.generate(request_id, {"prompt_token_ids": prompt_ids}, params)
         try:
@@ -170,9 +170,9 @@ class RequestRunner:
         except BaseException:
             await gen.aclose()
             raise
-        return self._events(gen, first, tracker, render, final)
+        return self._events(gen, first, tracker, render, usage_chunk)
 
-    async def _events(self, gen, first, tracker, render, final) -> AsyncIterator[str]:
+    async def _events(self, gen, first, tracker, render, usage_chunk) -> AsyncIterator[str]:
         try:
             async with aclosing(gen):
                 out = first
@@ -183,8 +183,8 @@ class RequestRunner:
                     if out.finished:
                         break
                     out = await gen.__anext__()
-            for event in final():
-                yield event
+            if usage_chunk is not None:
+                yield sse(usage_chunk(UsageInfo(**tracker.usage())))
         except APIError as err:          # the engine failed after the stream started
             yield sse_error(err)
         finally:
@@ -197,8 +197,3 @@ class RequestRunner:
 def sse(model) -> str:
     """One server-sent event carrying a pydantic model (None fields left out)."""
     return f"data: {model.model_dump_json(exclude_none=True)}\n\n"
-
-
-def sse_json(obj) -> str:
-    """One server-sent event carrying a JSON-able object."""
-    return f"data: {json.dumps(obj)}\n\n"
