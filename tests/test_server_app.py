@@ -332,3 +332,35 @@ def test_stop_accepting_aborts_running_streams():
         with pytest.raises(openai.InternalServerError) as info:
             c.completions.create(model=MODEL, prompt="x", max_tokens=3)
         assert info.value.status_code == 503
+
+
+def test_a_crashed_engine_thread_fails_requests_instead_of_hanging():
+    engine = FakeEngine()
+    with InProcessServer(engine) as s:
+        c = openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0)
+        assert c.completions.create(model=MODEL, prompt="x", max_tokens=2).choices[0].text
+
+        def broken_stats():
+            raise SystemError("stats broke")
+        engine.stats = broken_stats
+        with pytest.raises(openai.InternalServerError) as info:
+            c.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        assert info.value.status_code == 500
+        assert wait_for(lambda: not s.async_engine.is_alive())
+        assert httpx.get(s.base_url + "/health").status_code == 503
+        with pytest.raises(openai.InternalServerError) as info:
+            c.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        assert info.value.status_code == 503
+
+
+def test_engine_refusal_other_than_bad_input_is_a_500():
+    class Refusing(FakeEngine):
+        def add_request(self, *a):
+            raise MemoryError("no room")
+
+    with InProcessServer(Refusing()) as s:
+        c = openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0)
+        for stream in (False, True):
+            with pytest.raises(openai.InternalServerError, match="no room"):
+                c.completions.create(model=MODEL, prompt="x", max_tokens=2, stream=stream)
+        assert httpx.get(s.base_url + "/health").status_code == 200

@@ -58,6 +58,7 @@ class AsyncEngine:
         self._admitted_now = 0       # the engine thread's own count
         self._accepting = True
         self.stats = engine.stats()
+        self._pending: list = []
         self.error: Optional[BaseException] = None
 
     # --- loop side ----------------------------------------------------------------------
@@ -151,6 +152,9 @@ class AsyncEngine:
                 self.engine.add_request(stream.request_id, prompt, params)
             except (ValueError, TypeError) as exc:
                 batch.append((stream, APIError(400, str(exc), code="invalid_value")))
+            except Exception as exc:      # e.g. MemoryError: this request fails, the rest run
+                logger.exception("engine refused request %s", stream.request_id)
+                batch.append((stream, APIError(500, f"engine error: {exc}", code="engine_error")))
             else:
                 self._streams[stream.request_id] = stream
         elif kind == _ABORT:
@@ -172,9 +176,32 @@ class AsyncEngine:
             batch.append((stream, error or Aborted(rid)))
 
     def _run(self) -> None:
+        try:
+            self._loop_steps()
+        except BaseException as exc:  # a bug or a broken engine: fail what is left, loudly
+            logger.exception("the engine thread failed")
+            self.error = exc
+            err = APIError(500, f"engine error: {exc}", code="engine_error")
+            self._deliver(self._pending + [(s, err) for s in self._streams.values()])
+            self._streams.clear()
+        finally:
+            self._accepting = False
+            left = []
+            while True:                   # requests queued after the stop never ran
+                try:
+                    cmd = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if cmd[0] == _ADD:
+                    left.append((cmd[1], APIError(503, "the server is shutting down",
+                                                  code="unavailable")))
+            self._deliver(left)
+
+    def _loop_steps(self) -> None:
         running = True
         while running:
             batch: list = []
+            self._pending = batch         # delivered by _run if this iteration fails
             idle = not self.engine.has_unfinished_requests()
             try:
                 cmd = self._commands.get(block=idle, timeout=1.0 if idle else None)
