@@ -26,12 +26,14 @@ def load_model(path: str | os.PathLike, *, num_threads: int | None = None) -> Ca
     cfg = ModelConfig.from_dir(path)
     reader = CheckpointReader(path)
     h, v = cfg.hidden_size, cfg.vocab_size
-    embed = reader.get("model.embed_tokens.weight", (v, h))
+    table = reader.get("model.embed_tokens.weight", (v, h))
     layers = [load_layer(reader, cfg, i) for i in range(cfg.num_layers)]
     final_norm = reader.get("model.norm.weight", (h,))
+    embed: np.ndarray | None = table
     if cfg.tie_word_embeddings:
-        lm_head = np.ascontiguousarray(embed.T)
+        lm_head = np.ascontiguousarray(table.T)
         embed = None  # lookups gather lm_head's columns: the table is stored once
     else:
         lm_head = np.ascontiguousarray(reader.get("lm_head.weight", (v, h)).T)
+    del table
     return CausalLM(cfg, embed, layers, final_norm, lm_head, num_threads=num_threads)

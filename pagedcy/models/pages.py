@@ -17,9 +17,9 @@ class PagesAdapter:
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int):
         self.geometry = (num_layers, 2, num_kv_heads, head_dim)
-        self._key = None
-        self._store = None
-        self._pages = None
+        self._key: tuple | None = None
+        self._store: KVPageStore | None = None
+        self._pages: np.ndarray | None = None
 
     def store_for(self, kv_pages) -> KVPageStore:
         """The store viewing ``kv_pages``. TypeError/ValueError for a wrong array."""
@@ -27,7 +27,7 @@ class PagesAdapter:
             raise TypeError(f"kv_pages must be a numpy array, got {type(kv_pages).__name__}")
         key = (kv_pages.__array_interface__["data"][0], kv_pages.shape, kv_pages.dtype.str,
                kv_pages.dtype.name)
-        if key == self._key:
+        if key == self._key and self._store is not None:
             return self._store
         L, two, hk, d = self.geometry
         s = kv_pages.shape
@@ -43,7 +43,6 @@ class PagesAdapter:
             raise TypeError(f"kv_pages dtype {kv_pages.dtype} is not a KV storage dtype") from None
         cfg = PagedKVCacheConfig(page_size=s[3], max_pages=s[0], num_layers=L, num_kv_heads=hk,
                                  head_dim=d, dtype=dt)
-        self._store = KVPageStore(cfg, buffer=kv_pages)
-        self._pages = kv_pages  # keep the memory alive while the store views it
-        self._key = key
-        return self._store
+        store = KVPageStore(cfg, buffer=kv_pages)
+        self._store, self._pages, self._key = store, kv_pages, key  # _pages keeps the memory alive
+        return store
