@@ -261,9 +261,16 @@ def test_50_disconnects_spare_the_others(server, llm, model_dir):
             and m["pagedcy_kv_pages_used"] == 0
     assert wait_for(drained, 30)
     after = scrape(server.base_url)
-    aborted = after.get("pagedcy_request_success_total[abort]", 0) \
-        - before.get("pagedcy_request_success_total[abort]", 0)
-    assert aborted == 50          # each left before finishing; every one was aborted
+
+    def delta(key):
+        return after.get(key, 0) - before.get(key, 0)
+    aborted = delta("pagedcy_request_success_total[abort]")
+    # a leaver that left before its request reached the handler never started one; every
+    # other was aborted, and the 8 others finished
+    received = delta("pagedcy_requests_received_total")
+    assert 0 < aborted <= 50 and received == aborted + 8
+    assert delta("pagedcy_request_success_total[length]") \
+        + delta("pagedcy_request_success_total[stop]") == 8
 
 
 BAD = [

@@ -82,9 +82,17 @@ class ServerMetrics:
             "pagedcy_request_generation_tokens",
             "Completion tokens of finished requests (usage).", ["model_name"],
             registry=self.registry)
+        self.received = Counter("pagedcy_requests_received",
+                                "Valid requests handed to the engine (each ends in "
+                                "request_success or request_errors).", ["model_name"],
+                                registry=self.registry)
         self.rejected = Counter("pagedcy_request_errors",
                                 "Requests refused, by HTTP status.", ["model_name", "status"],
                                 registry=self.registry)
+
+        for metric in (self.ttft, self.tpot, self.request_prompt_tokens,
+                       self.request_generation_tokens, self.received):
+            metric.labels(model_name)      # exported (as 0) before the first request
 
     def observe_request(self, *, ttft, tpot, finish_reasons, prompt_tokens, completion_tokens):
         """Record one finished request (``ttft``/``tpot`` in seconds or None)."""
@@ -97,6 +105,10 @@ class ServerMetrics:
             self.success.labels(m, str(reason)).inc()
         self.request_prompt_tokens.labels(m).inc(prompt_tokens)
         self.request_generation_tokens.labels(m).inc(completion_tokens)
+
+    def observe_received(self) -> None:
+        """Count a request handed to the engine."""
+        self.received.labels(self._model).inc()
 
     def observe_error(self, status: int) -> None:
         """Count a refused request."""

@@ -122,6 +122,10 @@ class RequestRunner:
 
     # --- running ------------------------------------------------------------------------
 
+    def _received(self) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_received()
+
     def _finish(self, tracker: RequestTracker) -> None:
         if self.metrics is not None:
             self.metrics.observe_request(
@@ -139,6 +143,7 @@ class RequestRunner:
                         tracker.abort()
                     else:
                         tracker.update(out)
+        self._received()
         try:
             await race_disconnect(consume(), raw_request)
         except ClientGone:
@@ -159,6 +164,7 @@ class RequestRunner:
         with its status code instead of a broken stream. ``render`` turns deltas into
         events; ``usage_chunk(UsageInfo)``, if given, the last chunk before ``data: [DONE]``.
         """
+        self._received()
         gen = self.engine.generate(request_id, {"prompt_token_ids": prompt_ids}, params)
         try:
             first = await race_disconnect(gen.__anext__(), raw_request)
