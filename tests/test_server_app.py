@@ -364,3 +364,18 @@ def test_engine_refusal_other_than_bad_input_is_a_500():
             with pytest.raises(openai.InternalServerError, match="no room"):
                 c.completions.create(model=MODEL, prompt="x", max_tokens=2, stream=stream)
         assert httpx.get(s.base_url + "/health").status_code == 200
+
+
+def test_bench_serve_metrics_follow_vllm_definitions():
+    from pagedcy.tools.bench_serve import summarize, workload
+    # (ttft, latency, output tokens) per request, as benchmark_serving measures them
+    results = [(0.5, 2.5, 5), (1.0, 1.0, 1), (0.25, 4.25, 9)]
+    s = summarize(results, duration=4.0)
+    assert s["req_s"] == 3 / 4.0 and s["tok_s"] == 15 / 4.0
+    assert s["ttft_p50"] == pytest.approx(500.0)
+    # TPOT = (latency - ttft) / (tokens - 1), requests with one token left out
+    assert s["tpot_p50"] == pytest.approx(500.0)
+    assert s["tpot_p99"] == pytest.approx(500.0)
+    prompts = workload(50, vocab=1000, seed=3, min_len=128, max_len=1024)
+    assert all(128 <= len(p) <= 1024 and max(p) < 1000 for p in prompts)
+    assert prompts == workload(50, vocab=1000, seed=3)
