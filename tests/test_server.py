@@ -286,6 +286,8 @@ BAD = [
     ("/v1/completions", json.dumps({"prompt": "x", "temperature": -0.5}).encode(), 400),
     ("/v1/completions", json.dumps({"prompt": "x", "top_k": -7}).encode(), 400),
     ("/v1/completions", json.dumps({"prompt": "x", "stream": True, "top_p": 2}).encode(), 400),
+    ("/v1/completions", b'{"prompt": "lone \\ud800 surrogate"}', 400),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udfff"}]}', 400),
     ("/v1/chat/completions", json.dumps({"messages": "hi"}).encode(), 422),
     ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}],
                                          "max_tokens": 0}).encode(), 400),

@@ -10,7 +10,7 @@ from pagedcy.server.protocol import (ChatCompletionChoice, ChatCompletionChunk,
                                      ChatCompletionRequest, ChatCompletionResponse, ChatLogProbs,
                                      ChatResponseMessage, ChatStreamChoice, ChatTokenLogprob,
                                      ChatTopLogprob, DeltaMessage, UsageInfo, random_id)
-from pagedcy.server.serving import RequestRunner, sse
+from pagedcy.server.serving import MAX_LOGPROBS, RequestRunner, sse
 from pagedcy.server.tracker import RequestTracker
 
 
@@ -74,9 +74,9 @@ class ChatEndpoint:
         if requested is not None and requested <= 0:
             raise bad_request(f"max_tokens must be at least 1, got {requested}", param="max_tokens")
         top = req.top_logprobs if req.top_logprobs is not None else 0
-        if top < 0 or (top and not req.logprobs):
-            raise bad_request("top_logprobs needs logprobs: true and must be >= 0",
-                              param="top_logprobs")
+        if not 0 <= top <= MAX_LOGPROBS or (top and not req.logprobs):
+            raise bad_request(f"top_logprobs needs logprobs: true and must be in "
+                              f"[0, {MAX_LOGPROBS}]", param="top_logprobs")
         arrival = time.perf_counter()
         prompt_ids = self.prompt_ids(req)
         max_tokens = runner.check_length(prompt_ids, requested)

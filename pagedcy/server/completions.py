@@ -6,7 +6,7 @@ import time
 from pagedcy.server.errors import bad_request
 from pagedcy.server.protocol import (CompletionChoice, CompletionLogProbs, CompletionRequest,
                                      CompletionResponse, UsageInfo, random_id)
-from pagedcy.server.serving import RequestRunner, sse
+from pagedcy.server.serving import MAX_LOGPROBS, RequestRunner, sse
 from pagedcy.server.tracker import RequestTracker
 
 
@@ -43,8 +43,9 @@ class CompletionsEndpoint:
         runner.check_model(req.model)
         if req.echo:
             raise bad_request("echo is not supported", param="echo")
-        if req.logprobs is not None and req.logprobs < 0:
-            raise bad_request("logprobs must be >= 0", param="logprobs")
+        if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
+            raise bad_request(f"logprobs must be in [0, {MAX_LOGPROBS}], got {req.logprobs}",
+                              param="logprobs")
         if req.max_tokens is not None and req.max_tokens <= 0:
             raise bad_request(f"max_tokens must be at least 1, got {req.max_tokens}",
                               param="max_tokens")

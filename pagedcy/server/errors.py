@@ -58,7 +58,8 @@ def _validation_error(exc) -> APIError:
     if any(tuple(e.get("loc", ())) == ("body",)
            and e.get("type") in ("model_attributes_type", "dict_type", "missing") for e in errors):
         # the body as a whole is missing or is not an object
-        return bad_request("request body must be a JSON object", code="invalid_body")
+        return bad_request("request body must be a JSON object (sent as Content-Type: "
+                           "application/json)", code="invalid_body")
     first = errors[0] if errors else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None

@@ -13,6 +13,10 @@ from pagedcy.server.protocol import UsageInfo
 from pagedcy.server.tracker import ChoiceDelta, RequestTracker
 
 
+#: Most top logprobs a request may ask for (vLLM's default max_logprobs; OpenAI allows 20).
+MAX_LOGPROBS = 20
+
+
 class ClientGone(Exception):
     """The client disconnected before its response was ready."""
 
@@ -73,6 +77,11 @@ class RequestRunner:
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer: send the prompt as token ids",
                               param="prompt")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:   # JSON allows lone surrogates ("\ud800")
+            raise bad_request(f"the text is not valid Unicode: {exc.reason} at position "
+                              f"{exc.start}", param="prompt", code="invalid_text") from None
         if not add_special_tokens:
             try:
                 return list(self.tokenizer.encode(text, add_special_tokens=False))
