@@ -4,11 +4,11 @@ Starts ``python -m pagedcy serve`` on 127.0.0.1 (a free port) over a random Llam
 8 layers, 8 query / 2 KV heads, intermediate 1408, vocab 32000; a smaller one with
 ``--quick``), sends the engine workload (prompts of random token ids, lengths uniform in
 [128, 1024], 64 new tokens, ignore_eos, greedy) as streaming completions at each concurrency
-level (as many requests as the concurrency, 16 at least), and prints requests/s, output tokens/s and TTFT/TPOT p50/p99 as vLLM's
-``benchmark_serving`` defines them (TTFT: send to first token; TPOT: (latency - TTFT) /
-(output tokens - 1) per request). The same engine settings run ``LLM.generate`` offline on the
-largest level's requests in the same run, before and after the server (the better of the
-two is the yardstick for output tokens/s).
+level (as many requests as the concurrency, 16 at least), and prints requests/s, output
+tokens/s and TTFT/TPOT p50/p99 as vLLM's ``benchmark_serving`` defines them (TTFT: send to
+first token; TPOT: (latency - TTFT) / (output tokens - 1) per request). The same engine
+settings run ``LLM.generate`` offline on the largest level's requests in the same run, before
+and after the server (the better of the two is the yardstick for output tokens/s).
 """
 import argparse
 import asyncio
