@@ -47,6 +47,22 @@ async def race_disconnect(awaitable: Awaitable, request):
     raise ClientGone()
 
 
+def _own_tokenizer(engine):
+    """A tokenizer for the event loop's thread, apart from the one the engine thread decodes
+    with: a ``tokenizers.Tokenizer`` shared between threads can fail with "Already
+    borrowed" (huggingface/tokenizers#537)."""
+    model_dir = getattr(engine, "model_dir", None)
+    if engine.tokenizer is not None and model_dir is not None:
+        from pagedcy.engine.tokenizer import load_tokenizer
+        try:
+            own = load_tokenizer(model_dir)
+        except (OSError, ValueError):
+            own = None
+        if own is not None:
+            return own
+    return engine.tokenizer
+
+
 class RequestRunner:
     """Checks requests against the model and runs them on the engine.
 
@@ -58,7 +74,7 @@ class RequestRunner:
         self.engine = engine
         self.model_names = list(model_names)
         self.metrics = metrics
-        self.tokenizer = engine.engine.tokenizer
+        self.tokenizer = _own_tokenizer(engine.engine)
         self.max_model_len = int(engine.engine.model_config.max_position_embeddings)
 
     @property
