@@ -379,3 +379,30 @@ def test_bench_serve_metrics_follow_vllm_definitions():
     prompts = workload(50, vocab=1000, seed=3, min_len=128, max_len=1024)
     assert all(128 <= len(p) <= 1024 and max(p) < 1000 for p in prompts)
     assert prompts == workload(50, vocab=1000, seed=3)
+
+
+def test_a_bug_mid_stream_ends_that_stream_with_an_error_event():
+    class BadIndex(FakeEngine):
+        def step(self):
+            outs = super().step()
+            for o in outs:
+                if o.request_id in self.broken:
+                    o.outputs[0].index = 7          # no such choice: the tracker fails
+            return outs
+
+    engine = BadIndex()
+    engine.broken = set()
+    orig_add = engine.add_request
+
+    def add(rid, prompt, params):
+        orig_add(rid, prompt, params)
+        if params.max_tokens == 5:
+            engine.broken.add(rid)
+    engine.add_request = add
+    with InProcessServer(engine) as s:
+        c = openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIError, match="internal error"):
+            list(c.completions.create(model=MODEL, prompt="x", max_tokens=5, stream=True))
+        assert wait_for(lambda: not engine.reqs)          # the broken request was aborted
+        r = c.completions.create(model=MODEL, prompt="x", max_tokens=4)
+        assert r.choices[0].text == expected_text(ids("x"), 4)

@@ -105,9 +105,12 @@ class ChatEndpoint:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         started = [False] * req.n
 
+        def make_chunk(choices, usage=None):
+            return ChatCompletionChunk(id=request_id, created=created, model=name,
+                                       choices=choices, usage=usage)
+
         def chunk(choice):
-            return sse(ChatCompletionChunk(id=request_id, created=created, model=name,
-                                           choices=[choice]))
+            return sse(make_chunk([choice]))
 
         def render(deltas):
             events = []
@@ -122,9 +125,5 @@ class ChatEndpoint:
                     stop_reason=d.stop_reason)))
             return events
 
-        def usage_chunk(usage):
-            return ChatCompletionChunk(id=request_id, created=created, model=name, choices=[],
-                                       usage=usage)
-
         return await runner.stream(request_id, prompt_ids, params, tracker, raw_request,
-                                   render, usage_chunk if include_usage else None)
+                                   render, make_chunk, include_usage)

@@ -81,16 +81,14 @@ class CompletionsEndpoint:
             for d in deltas:
                 lp = choice_logprobs(d.index, d.token_ids, d.logprobs, offsets[d.index])
                 offsets[d.index] += len(d.text)
-                events.append(sse(CompletionResponse(
-                    id=request_id, created=created, model=name,
-                    choices=[CompletionChoice(index=d.index, text=d.text, logprobs=lp,
-                                              finish_reason=d.finish_reason,
-                                              stop_reason=d.stop_reason)])))
+                events.append(sse(make_chunk([CompletionChoice(
+                    index=d.index, text=d.text, logprobs=lp, finish_reason=d.finish_reason,
+                    stop_reason=d.stop_reason)])))
             return events
 
-        def usage_chunk(usage):
-            return CompletionResponse(id=request_id, created=created, model=name, choices=[],
-                                      usage=usage)
+        def make_chunk(choices, usage=None):
+            return CompletionResponse(id=request_id, created=created, model=name,
+                                      choices=choices, usage=usage)
 
         return await runner.stream(request_id, prompt_ids, params, tracker, raw_request,
-                                   render, usage_chunk if include_usage else None)
+                                   render, make_chunk, include_usage)

@@ -8,7 +8,7 @@ from contextlib import aclosing
 from typing import AsyncIterator, Awaitable, Callable, Optional
 
 from pagedcy.server.async_engine import Aborted, AsyncEngine
-from pagedcy.server.errors import APIError, bad_request, sse_error
+from pagedcy.server.errors import APIError, bad_request, logger, sse_error
 from pagedcy.server.protocol import UsageInfo
 from pagedcy.server.tracker import ChoiceDelta, RequestTracker
 
@@ -182,12 +182,13 @@ class RequestRunner:
     async def stream(self, request_id: str, prompt_ids: list[int], params,
                      tracker: RequestTracker, raw_request,
                      render: Callable[[list[ChoiceDelta]], list[str]],
-                     usage_chunk: Optional[Callable] = None) -> AsyncIterator[str]:
+                     make_chunk: Callable, include_usage: bool) -> AsyncIterator[str]:
         """Start the request and return an iterator of SSE lines.
 
         The first engine output is awaited here, so a request the engine refuses fails
         with its status code instead of a broken stream. ``render`` turns deltas into
-        events; ``usage_chunk(UsageInfo)``, if given, the last chunk before ``data: [DONE]``.
+        events; with ``include_usage``, ``make_chunk([], usage)`` is the last chunk before
+        ``data: [DONE]``.
         """
         self._received()
         gen = self.engine.generate(request_id, {"prompt_token_ids": prompt_ids}, params)
@@ -201,9 +202,10 @@ class RequestRunner:
         except BaseException:
             await gen.aclose()
             raise
-        return self._events(gen, first, tracker, render, usage_chunk)
+        return self._events(gen, first, tracker, render,
+                            make_chunk if include_usage else None)
 
-    async def _events(self, gen, first, tracker, render, usage_chunk) -> AsyncIterator[str]:
+    async def _events(self, gen, first, tracker, render, make_chunk) -> AsyncIterator[str]:
         try:
             async with aclosing(gen):
                 out = first
@@ -214,10 +216,13 @@ class RequestRunner:
                     if out.finished:
                         break
                     out = await gen.__anext__()
-            if usage_chunk is not None:
-                yield sse(usage_chunk(UsageInfo(**tracker.usage())))
+            if make_chunk is not None:
+                yield sse(make_chunk([], UsageInfo(**tracker.usage())))
         except APIError as err:          # the engine failed after the stream started
             yield sse_error(err)
+        except Exception as exc:         # a bug: tell the client in the stream, keep serving
+            logger.exception("stream failed")
+            yield sse_error(APIError(500, f"internal error: {type(exc).__name__}"))
         finally:
             if not tracker.finished:      # the client left: generate() aborted the request
                 tracker.abort()
