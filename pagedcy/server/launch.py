@@ -91,7 +91,7 @@ def make_server(app, *, host: str, port: int, log_level: str, on_exit):
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=10, access_log=log_level in ("info", "debug"))
+                            timeout_graceful_shutdown=10, access_log=log_level == "debug")
     return _Server(config)
 
 
@@ -123,6 +123,10 @@ def serve(args) -> int:
     # uvicorn re-raises the signal it caught once it has shut down; these handlers take it,
     # so a requested stop exits 0 instead of dying of the signal.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"pagedcy: serving {names[0]} at http://{host}:{args.port}/v1"
+          f"{' (API key required)' if api_key else ''}; Ctrl+C or SIGTERM stops",
+          file=sys.stderr, flush=True)
     try:
         server.run()
     finally:
