@@ -378,3 +378,15 @@ def test_loopback_check():
     assert bind_warning("127.0.0.1", None) is None
     assert bind_warning("0.0.0.0", "key") is None
     assert "without an API key" in bind_warning("0.0.0.0", None)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "/nonexistent/pagedcy-model"], "does not exist"),
+    (["--max-num-seqs", "0"], "max_num_seqs"),
+])
+def test_bad_serve_options_exit_with_a_message(model_dir, args, message):
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "pagedcy", "serve", "--model", str(model_dir), *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr

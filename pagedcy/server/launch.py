@@ -51,7 +51,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None,
                    help="name clients use in 'model' (default: the --model path)")
     p.add_argument("--api-key", default=None,
-                   help=f"require 'Authorization: Bearer KEY' on /v1 (or set ${API_KEY_ENV})")
+                   help=f"require 'Authorization: Bearer KEY' on /v1 (or set ${API_KEY_ENV}, "
+                        "which other users cannot read in the process list)")
     p.add_argument("--max-waiting", type=int, default=None,
                    help="refuse new requests with 503 while this many wait (default: no limit)")
     p.add_argument("--log-level", default="warning",
@@ -109,7 +110,10 @@ def serve(args) -> int:
     warning = bind_warning(args.host, api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    engine = LLMEngine(args.model, **engine_kwargs(args))
+    try:
+        engine = LLMEngine(args.model, **engine_kwargs(args))
+    except (OSError, ValueError, TypeError) as exc:
+        raise SystemExit(f"pagedcy serve: cannot load {args.model}: {exc}") from None
     try:
         template = ChatTemplate.from_model_dir(args.model, engine.tokenizer)
     except TemplateError as exc:
