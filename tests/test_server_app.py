@@ -406,3 +406,40 @@ def test_a_bug_mid_stream_ends_that_stream_with_an_error_event():
         assert wait_for(lambda: not engine.reqs)          # the broken request was aborted
         r = c.completions.create(model=MODEL, prompt="x", max_tokens=4)
         assert r.choices[0].text == expected_text(ids("x"), 4)
+
+
+def test_closing_a_stream_that_never_started_aborts_its_request():
+    """The client can leave between the first output and the response's first byte: the
+    event iterator is then closed without ever being iterated."""
+    from pagedcy.server.async_engine import AsyncEngine
+    from pagedcy.server.serving import RequestRunner
+    from pagedcy.server.tracker import RequestTracker
+    from pagedcy.engine import SamplingParams
+
+    class Request:                      # a client that stays (until the iterator is closed)
+        async def receive(self):
+            await asyncio.sleep(3600)
+
+    engine = FakeEngine(step_delay=0.02)     # 100 tokens take 2 s
+
+    async def run():
+        ae = AsyncEngine(engine)
+        ae.start()
+        try:
+            finished = []
+            runner = RequestRunner(ae, [MODEL])
+            runner._finish = finished.append
+            tracker = RequestTracker(1, 2)
+            events = await runner.stream("r1", [104, 105], SamplingParams(max_tokens=100),
+                                         tracker, Request(), lambda deltas: [], None, False)
+            assert "r1" in engine.reqs
+            await events.aclose()                       # never iterated
+            assert finished == [tracker] and tracker.finish_reasons == ["abort"]
+            for _ in range(100):
+                if "r1" not in engine.reqs:
+                    break
+                await asyncio.sleep(0.02)
+            assert "r1" not in engine.reqs
+        finally:
+            ae.shutdown()
+    asyncio.run(run())

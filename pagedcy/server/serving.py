@@ -202,8 +202,12 @@ class RequestRunner:
         except BaseException:
             await gen.aclose()
             raise
-        return self._events(gen, first, tracker, render,
-                            make_chunk if include_usage else None)
+        async def never_started():
+            await gen.aclose()
+            tracker.abort()
+            self._finish(tracker)
+        return EventStream(self._events(gen, first, tracker, render,
+                                        make_chunk if include_usage else None), never_started)
 
     async def _events(self, gen, first, tracker, render, make_chunk) -> AsyncIterator[str]:
         try:
@@ -228,6 +232,30 @@ class RequestRunner:
                 tracker.abort()
             self._finish(tracker)
         yield "data: [DONE]\n\n"
+
+
+class EventStream:
+    """An async iterator over ``events`` whose ``aclose`` also ends the request when the
+    response never started iterating (the client left between the first output and the
+    first byte): closing an unstarted async generator runs none of its code."""
+
+    def __init__(self, events, on_close_unstarted: Callable[[], Awaitable[None]]):
+        self._events = events
+        self._on_close_unstarted: Optional[Callable[[], Awaitable[None]]] = on_close_unstarted
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> str:
+        self._on_close_unstarted = None
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        """Close the events; end the request if they never started."""
+        pending, self._on_close_unstarted = self._on_close_unstarted, None
+        if pending is not None:
+            await pending()
+        await self._events.aclose()
 
 
 def sse(model) -> str:
