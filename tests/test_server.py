@@ -266,11 +266,12 @@ def test_50_disconnects_spare_the_others(server, llm, model_dir):
         return after.get(key, 0) - before.get(key, 0)
     aborted = delta("pagedcy_request_success_total[abort]")
     # a leaver that left before its request reached the handler never started one; every
-    # other was aborted, and the 8 others finished
+    # request that did start ended, as an abort or finished (the 8 stayers, and a leaver
+    # whose text hit EOS before it left)
     received = delta("pagedcy_requests_received_total")
-    assert 0 < aborted <= 50 and received == aborted + 8
-    assert delta("pagedcy_request_success_total[length]") \
-        + delta("pagedcy_request_success_total[stop]") == 8
+    finished = delta("pagedcy_request_success_total[length]") \
+        + delta("pagedcy_request_success_total[stop]")
+    assert 0 < aborted <= 50 and 8 <= finished and received == aborted + finished
 
 
 BAD = [
