@@ -361,3 +361,24 @@ def test_default_pool_size_fits_a_full_context():
 def test_step_without_work_returns_nothing():
     eng = make()
     assert eng.step() == [] and not eng.has_unfinished_requests()
+
+
+def test_a_failed_forward_leaves_the_engine_consistent():
+    model = ToyModel()
+    prompts = random_prompts(13, 3)
+    eng = make(model)
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, GREEDY)
+    eng.step()
+    real = model.forward
+
+    def broken(*args):
+        raise KeyboardInterrupt
+    model.forward = broken
+    with pytest.raises(KeyboardInterrupt):
+        eng.step()
+    model.forward = real
+    final = run(eng, [])
+    for i, p in enumerate(prompts):
+        assert final[str(i)].outputs[0].token_ids == model.reference_greedy(p, 12)
+    assert_no_leak(eng)

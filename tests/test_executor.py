@@ -1,5 +1,7 @@
-"""PagedAttentionExecutor: the seed executor's numbers (batch 1) against an independent
-float64 re-implementation of its math, batching, prefix-cached prefill, status/info."""
+"""PagedAttentionExecutor: its numbers (batch 1) against an independent float64
+re-implementation of its math, batching, prefix-cached prefill, status/info records."""
+import dataclasses
+import json
 import math
 import warnings
 
@@ -7,14 +9,15 @@ import numpy as np
 import pytest
 
 from pagedcy import PagedKVCacheConfig, PoolExhaustedError
-from pagedcy.serving.executor import (DecodeOutput, PagedAttentionExecutor, PagedExecutorConfig,
-                              PrefillOutput, token_embeddings)
+from pagedcy.serving.executor import (DecodeOutput, ExecutorCapabilities, ExecutorStatus, ModelInfo,
+                                      PagedAttentionExecutor, PagedExecutorConfig, PrefillOutput,
+                                      token_embeddings)
 from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
 
 
-# ---- independent reference of the seed's math (plain loops / float64) ----------------
+# ---- independent reference of the executor's math (plain loops / float64) ----------------
 def ref_embedding(token, kv_size):
-    # Rust: ((token as f32 + 1.0) * (i as f32 + 1.0)).sin() -- product rounded to f32.
+    # sin of ((token + 1) * (i + 1)) with the product rounded to float32.
     return np.array([math.sin(float(np.float32(token + 1.0) * np.float32(i + 1.0)))
                      for i in range(kv_size)])
 
@@ -51,7 +54,7 @@ def ref_logits(attn_row, vocab):
 
 
 def ref_run(cfg, prompt, decode_tokens):
-    """Logits of a seed-style prefill of ``prompt`` then decodes, all float64."""
+    """Logits of a reference prefill of ``prompt`` then decodes, all float64."""
     kvs = cfg.num_kv_heads * cfg.head_dim
     embs = [ref_embedding(t, kvs) for t in prompt]
     kv = np.array(embs).reshape(len(prompt), cfg.num_kv_heads, cfg.head_dim)
@@ -77,7 +80,7 @@ def make(cfg=None, page_size=4, max_pages=64, **mgr_kw):
 
 
 # ---- tests ----------------------------------------------------------------------------
-def test_embedding_matches_rust_f32_formula():
+def test_embedding_matches_f32_product_formula():
     with pytest.raises(TypeError):
         token_embeddings([1.5], 32)
     e = token_embeddings([0, 7, 41], 32)
@@ -89,7 +92,7 @@ def test_embedding_matches_rust_f32_formula():
 @pytest.mark.parametrize("cfg", [PagedExecutorConfig(),
                                  PagedExecutorConfig(vocab_size=50, num_layers=3, num_heads=8,
                                                      num_kv_heads=2, head_dim=8)])
-def test_batch1_matches_seed_reference(cfg):
+def test_batch1_matches_float64_reference(cfg):
     ex, m = make(cfg)
     prompt = [5, 17, 3, 99, 250, 1, 0]
     dec_tokens = [42, 7, 7, 200, 13]          # crosses page boundaries (page_size 4)
@@ -213,20 +216,32 @@ def test_bad_inputs():
 def test_info_capabilities_status():
     ex, m = make()
     st = ex.status()
-    assert st["prefill_operations"] == 0 and st["avg_decode_time_ms"] == 0.0
+    assert isinstance(st, ExecutorStatus)
+    assert st.prefill_operations == 0 and st.avg_decode_time_ms == 0.0
+    assert st.last_operation is None
     h = ex.prefill([1, 2, 3, 4, 5]).kv_cache
     ex.decode([1], h)
     st = ex.status()
-    assert st["prefill_operations"] == 1 and st["decode_operations"] == 1
-    assert st["avg_prefill_time_ms"] > 0 and st["avg_decode_time_ms"] > 0
-    mu = st["memory_usage"]
+    assert st.prefill_operations == 1 and st.decode_operations == 1
+    assert st.avg_prefill_time_ms > 0 and st.avg_decode_time_ms > 0
+    assert st.last_operation == "decode" and st.current_batch_size == 1
+    mu = st.memory_usage
     bpp = m.config.bytes_per_page()
-    assert mu["used_bytes"] == 2 * bpp and mu["allocated_bytes"] == 64 * bpp
-    assert mu["peak_bytes"] >= mu["used_bytes"]
-    assert abs(mu["utilization_percent"] - 100 * 2 / 64) < 1e-9
-    assert ex.info()["model_id"] == "paged-test-model"
+    assert mu.used_bytes == 2 * bpp and mu.allocated_bytes == 64 * bpp
+    assert mu.peak_bytes >= mu.used_bytes
+    assert abs(mu.utilization_percent - 100 * 2 / 64) < 1e-9
+    info = ex.info()
+    assert isinstance(info, ModelInfo) and info.model_id == "paged-test-model"
+    assert info.hidden_size == ex.config.num_heads * ex.config.head_dim
     caps = ex.capabilities()
-    assert caps["supports_continuous_batching"]
+    assert isinstance(caps, ExecutorCapabilities) and caps.supports_continuous_batching
+    assert caps.supports_prefix_caching == m.prefix_cache_enabled
     # real bytes: 4 kv heads * 8 dims * (K, V) * 2 layers * 4 bytes
-    assert caps["memory_requirements"]["kv_cache_memory_per_token"] == 4 * 8 * 2 * 2 * 4
+    assert caps.memory_requirements.kv_cache_memory_per_token == 4 * 8 * 2 * 2 * 4
+    # records are frozen and turn into plain dicts for JSON
+    for rec in (st, info, caps):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            rec.version = "x"
+    assert dataclasses.asdict(st)["memory_usage"]["used_bytes"] == 2 * bpp
+    json.dumps(dataclasses.asdict(caps))
     assert ex.prefill_count() == 1 and ex.decode_count() == 1

@@ -141,11 +141,44 @@ def _manager_targets():
         "mgr_attention_q": lambda a: mgr.attention(0, q, a[0]),
         "mgr_get_handle": lambda a: mgr.get_handle(a[0]),
         "mgr_deallocate_junk": lambda a: mgr.deallocate(a[0]),
-        "mgr_fork_swap": lambda a: (mgr.swap_in(mgr.swap_out(mgr.fork(a[0])))),
+        "mgr_fork_junk": lambda a: mgr.fork(a[0], a[1]),
+        "mgr_swap_out_junk": lambda a: mgr.swap_out(a[0]),
+        "mgr_swap_in_junk": lambda a: mgr.swap_in(a[0]),
+        "mgr_swap_cycle": lambda a: _swap_cycle(mgr, h, a),
+        "mgr_prepare_step": lambda a: mgr.prepare_step(a[0], a[1]),
+        "mgr_prepare_step_h": lambda a: mgr.prepare_step([h], a[0]),
+        "mgr_commit_step": lambda a: mgr.commit_step(a[0], a[1]),
         "paged_attention": lambda a: paged_attention(a[0], a[1], 4, 2, 4, mgr, h, a[2], a[3]),
         "exec_prefill": lambda a: ex.prefill(a[0]),
         "exec_decode": lambda a: ex.decode(a[0], a[1]),
     }
+
+
+def _swap_cycle(mgr, h, a):
+    """Swap a real fork of ``h`` out, then swap in whatever the junk picks: the swapped
+    handle, its request id, a resident handle, a deallocated one or the junk itself.
+    Whatever happens, a handle that came back holds h's data and no page leaks."""
+    child = mgr.fork(h)
+    gone = mgr.fork(h)
+    mgr.deallocate(gone)
+    try:
+        mgr.swap_out(child)
+        pick = a[1] if isinstance(a[1], int) and not isinstance(a[1], bool) else len(repr(a[1]))
+        target = [child, child.request_id, h, gone, a[0]][pick % 5]
+        try:
+            mgr.swap_in(target)
+        finally:
+            # junk can never name the child (its id is a fresh "req-<n>" string)
+            assert child.is_swapped() == (pick % 5 not in (0, 1))
+            if child.is_swapped():
+                mgr.swap_in(child)
+        for layer in range(mgr.config.num_layers):
+            for got, want in zip(mgr.read_kv(child, layer, 0, h.num_tokens()),
+                                 mgr.read_kv(h, layer, 0, h.num_tokens())):
+                np.testing.assert_array_equal(got, want)
+    finally:
+        mgr.deallocate(child)
+        mgr.check_invariants()
 
 
 @pytest.mark.parametrize("name", sorted(_targets()))

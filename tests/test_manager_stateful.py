@@ -1,5 +1,6 @@
 """Hypothesis state machine: allocate (with prefix hits) / prefill / write / fork /
-write-after-fork / extend / swap_out / swap_in / deallocate against a plain-Python model.
+write-after-fork / extend / swap_out / swap_in / deallocate / engine steps (prefill and
+batched writes through prepare_step slots + commit_step) against a plain-Python model.
 
 After every step: each page is free (refcount 0, in no table), evictable (refcount 1,
 hashed, in no table) or owned with refcount == number of handles whose table holds it;
@@ -10,6 +11,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from pagedcy import PagedKVCacheConfig, PoolExhaustedError
+from pagedcy._libs._manager_ops import write_token_rows
 from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
 
 PS, PAGES, LAYERS, KVD, SWAP = 4, 20, 2, 2, 12
@@ -129,6 +131,58 @@ class ManagerMachine(RuleBasedStateMachine):
             return
         s.data[layer, 0, start:start + n], s.data[layer, 1, start:start + n] = k, v
 
+    @rule(rid=seqs)
+    def step_prefill(self, rid):
+        """The engine's prefill: one step writes every layer into the slots, then commits."""
+        s = self.model.get(rid)
+        if s is None or s.prefilled or s.h.is_swapped() or s.h.num_tokens() != len(s.prompt):
+            return
+        c = s.h.num_cached_tokens()
+        before = self._state()
+        try:
+            slots = self.m.prepare_step([s.h], [len(s.prompt) - c])
+        except PoolExhaustedError:
+            assert self._state() == before
+            return
+        assert slots.positions.tolist() == list(range(c, len(s.prompt)))
+        for layer in range(LAYERS):
+            k, v = prompt_kv(s.prompt[c:], c, layer)
+            write_token_rows(self.m.store, slots.slot_pages, slots.slot_offsets, layer, k, v)
+            s.data[layer, 0, c:len(s.prompt)], s.data[layer, 1, c:len(s.prompt)] = k, v
+        self.m.commit_step([s.h], [len(s.prompt) - c])
+        s.prefilled = True
+
+    @rule(rids=st.lists(seqs, min_size=1, max_size=4), q=st.integers(1, 5),
+          seed=st.integers(0, 2**16))
+    def step_write(self, rids, q, seed):
+        """One step over several sequences, each writing its last tokens through the slots."""
+        hs, ql, seqs = [], [], []
+        for rid in dict.fromkeys(rids):
+            s = self.model.get(rid)
+            if s is None or s.h.is_swapped():
+                continue
+            lo = 0 if s.prefilled else len(s.prompt)   # never poison an unwritten prompt
+            n = min(q, s.h.num_tokens() - lo)
+            if n > 0:
+                hs.append(s.h), ql.append(n), seqs.append(s)
+        if not hs:
+            return
+        before = self._state()
+        try:
+            slots = self.m.prepare_step(hs, ql)
+        except PoolExhaustedError:
+            assert self._state() == before
+            return
+        rng = np.random.default_rng(seed)
+        for layer in range(LAYERS):
+            k = rng.standard_normal((sum(ql), KVD)).astype(np.float32)
+            write_token_rows(self.m.store, slots.slot_pages, slots.slot_offsets, layer, k, -k)
+            for b, s in enumerate(seqs):
+                rows = slice(slots.qo_indptr[b], slots.qo_indptr[b + 1])
+                pos = slots.positions[rows]
+                s.data[layer, 0, pos], s.data[layer, 1, pos] = k[rows], -k[rows]
+        self.m.commit_step(hs, ql)
+
     @rule(target=seqs, rid=seqs)
     def fork(self, rid):
         s = self.model.get(rid)
@@ -233,6 +287,6 @@ class ManagerMachine(RuleBasedStateMachine):
         assert self.m.pool.free_count() == PAGES and self.m.swap_free_blocks() == SWAP
 
 
-ManagerMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30,
+ManagerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30,
                                             deadline=None)
 TestManagerMachine = ManagerMachine.TestCase

@@ -26,6 +26,9 @@ def ckpt(tmp_path_factory):
     ("Qwen3ForCausalLM", dict(head_dim=16)),
     ("MistralForCausalLM", dict(sliding_window=6)),
     ("LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True)),
+    ("LlamaForCausalLM", dict(rope_theta=300.0, rope_scaling={  # the pre-5.0 config keys
+        "type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16})),
 ])
 def test_random_checkpoint_matches_transformers(tmp_path, arch, extra):
     torch = pytest.importorskip("torch")
@@ -234,6 +237,11 @@ def test_forward_bad_input_writes_nothing(ckpt):
         (ids, bad(slot_offsets=np.full(5, 4, np.int32)), IndexError),
         (ids, bad(block_tables=np.zeros(3, np.int32)), ValueError),
         (ids.reshape(1, 5), slots, ValueError),
+        (ids, bad(positions=np.array([0, 1, 2, 4, 4], np.int32)), ValueError),
+        (ids, bad(qo_indptr=np.array([0, 2, 5], np.int32), kv_lens=np.array([1, 3], np.int32),
+                  block_tables=np.zeros((2, 1), np.int32)), ValueError),
+        (ids, bad(block_tables=good["block_tables"][:, :1]), ValueError),
+        (ids, bad(block_tables=good["block_tables"] + 100), IndexError),
     ]
     for tok, sl, exc in cases:
         with pytest.raises(exc):

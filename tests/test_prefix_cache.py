@@ -1,6 +1,8 @@
 """Prefix caching: chained page hashes, sharing, evictable LRU, salts, reset."""
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pagedcy import PagedKVCacheConfig, PoolExhaustedError
 from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
@@ -191,3 +193,43 @@ def test_identical_prompts_in_flight_do_not_double_register():
     m.deallocate(b)
     assert m.cached_blocks() == 2
     m.check_invariants()
+
+
+@st.composite
+def shared_block_prompts(draw):
+    """Prompts built from a few 4-token blocks in random orders (so the same block shows
+    up at different positions and after different blocks), each with a short tail."""
+    blocks = draw(st.lists(st.lists(st.integers(0, 5), min_size=PS, max_size=PS),
+                           min_size=2, max_size=4, unique_by=tuple))
+    prompts = []
+    for _ in range(draw(st.integers(2, 7))):
+        order = draw(st.lists(st.integers(0, len(blocks) - 1), min_size=1, max_size=4))
+        tail = draw(st.lists(st.integers(0, 5), max_size=PS - 1))
+        prompts.append(sum((blocks[i] for i in order), []) + tail)
+    return prompts
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(shared_block_prompts(), st.booleans())
+def test_hit_only_where_every_earlier_token_matches(prompts, release):
+    """A page is a prefix hit exactly when some earlier prompt has the same tokens up to
+    and including that page: same page content after a different history is a miss
+    (its K/V were computed in another context)."""
+    m = mgr(max_pages=64)                              # room for everything: no evictions
+    seen = []
+    for prompt in prompts:
+        prompt = np.array(prompt)
+        full = (len(prompt) - 1) // PS                  # pages a hit may cover
+        want = 0
+        for k in range(full, 0, -1):
+            if any(len(s) >= k * PS and np.array_equal(s[:k * PS], prompt[:k * PS])
+                   for s in seen):
+                want = k * PS
+                break
+        h = prefill(m, prompt)
+        assert h.num_cached_tokens() == want, (prompt.tolist(), [s.tolist() for s in seen])
+        check_data(m, h, prompt)       # K/V of (token, position): a wrong-context page differs
+        seen.append(prompt)
+        if release:
+            m.deallocate(h)
+        m.check_invariants()

@@ -34,7 +34,8 @@ def rows_of(tokens, positions, layer):
 def step_write(m, handles, q_lens, tokens_per_handle):
     """One engine step: prepare, write every layer into the slots, commit. Returns the slots."""
     slots = m.prepare_step(handles, q_lens)
-    toks = np.concatenate([np.asarray(t)[-q:] for t, q in zip(tokens_per_handle, q_lens)])
+    toks = np.concatenate([np.asarray(t)[-q:] for t, q in zip(tokens_per_handle, q_lens)]
+                          + [np.zeros(0, np.int64)])
     for layer in range(LAYERS):
         k = rows_of(toks, slots.positions, layer)
         write_token_rows(m.store, slots.slot_pages, slots.slot_offsets, layer, k, -k)
@@ -157,6 +158,28 @@ def test_both_holders_writing_a_shared_page_in_one_step_copy_once():
     kb, _ = m.read_kv(b, 1, 0, 4)
     assert (ka[3] == 5).all() and (kb[3] == 6).all()
     np.testing.assert_array_equal(ka[:3], kb[:3])
+    m.check_invariants()
+
+
+def test_holder_outside_the_step_keeps_the_shared_page():
+    m = mgr()
+    a = m.allocate(AllocationRequest(initial_tokens=3))
+    step_write(m, [a], [3], [[1, 2, 3]])
+    b, c = m.fork(a), m.fork(a)                      # three holders of page 0
+    before = read_all(m, c)
+    m.extend(a, 1)
+    m.extend(b, 1)
+    slots = m.prepare_step([a, b], [1, 1])           # c is not in the step
+    assert m.stats().cow_copies == 2
+    assert c.block_table()[0] not in slots.slot_pages.tolist()
+    k = np.full((2, KVH * HD), 7, np.float32)
+    for layer in range(LAYERS):
+        write_token_rows(m.store, slots.slot_pages, slots.slot_offsets, layer, k, k)
+    m.extend(c, 1)
+    for layer, (k0, v0) in enumerate(before):
+        kc, vc = m.read_kv(c, layer, 0, 3)
+        np.testing.assert_array_equal(kc, k0)
+        np.testing.assert_array_equal(vc, v0)
     m.check_invariants()
 
 

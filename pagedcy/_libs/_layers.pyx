@@ -9,7 +9,7 @@ work to pay for the fork/join (a prefill, not a decode step).
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange
-from libc.math cimport sqrt, expf
+from libc.math cimport sqrt
 from libc.stdint cimport int32_t
 
 from pagedcy._libs._openmp cimport PAGEDCY_OPENMP
@@ -17,9 +17,11 @@ from pagedcy._libs._threads import resolve_num_threads
 
 cnp.import_array()
 
-# Below this many float32 elements per call, one thread: an OpenMP fork/join costs a few
-# microseconds, more than a decode step's elementwise work on one core.
-PARALLEL_ELEMENTS = 1 << 16
+# Below this many float32 elements per call, one thread. The elementwise work is under 1% of a
+# prefill on one core (GEMMs dominate), and on a busy machine an OpenMP region next to
+# OpenBLAS's own threads can wait milliseconds for a descheduled worker, so only large calls
+# (a long prefill) are split.
+PARALLEL_ELEMENTS = 1 << 18
 
 
 cdef void rms_row(const float *x, float *residual, const float *weight, float eps,
@@ -86,15 +88,6 @@ cdef void qkv_rope_row(const float *qkv, const float *bias, const float *cos_row
             v_out[j] = qkv[qw + kw + j]
 
 
-cdef void silu_mul_row(const float *gate_up, float *out, Py_ssize_t width) noexcept nogil:
-    """out[j] = silu(gate[j]) * up[j] for a row laid out as gate | up."""
-    cdef Py_ssize_t j
-    cdef float g
-    for j in range(width):
-        g = gate_up[j]
-        out[j] = g / (<float>1.0 + expf(-g)) * gate_up[width + j]
-
-
 # -- Python boundary: validate everything, then trust the nogil loops -------------------
 
 cdef cnp.ndarray _f32(object a, str name, tuple shape, bint writable=False):
@@ -114,10 +107,25 @@ cdef cnp.ndarray _f32(object a, str name, tuple shape, bint writable=False):
     return arr
 
 
+cdef bint _overlap(cnp.ndarray a, cnp.ndarray b):
+    """Whether two C-contiguous arrays share bytes (their ranges are exact)."""
+    cdef char *pa = <char *>cnp.PyArray_DATA(a)
+    cdef char *pb = <char *>cnp.PyArray_DATA(b)
+    cdef Py_ssize_t na = cnp.PyArray_NBYTES(a), nb = cnp.PyArray_NBYTES(b)
+    return na > 0 and nb > 0 and pa < pb + nb and pb < pa + na
+
+
 cdef inline const float *_opt(object a, str name, tuple shape) except? NULL:
     if a is None:
         return NULL
     return <const float *>cnp.PyArray_DATA(_f32(a, name, shape))
+
+
+cdef float _eps(object eps) except? -1:
+    cdef float e = eps
+    if not (e > 0 and e < 1e30):
+        raise ValueError(f"eps must be a positive finite float, got {eps!r}")
+    return e
 
 
 cdef int _threads(object num_threads, Py_ssize_t elements) except -1:
@@ -142,12 +150,10 @@ def rms_norm(x, weight, eps, out, residual=None, num_threads=None):
     cdef float *res = NULL
     if residual is not None:
         ra = _f32(residual, "residual", (n, d), True)
-        if ra is xa or ra is oa or np.shares_memory(ra, xa) or np.shares_memory(ra, oa):
+        if _overlap(ra, xa) or _overlap(ra, oa):
             raise ValueError("residual must not overlap x or out")
         res = <float *>cnp.PyArray_DATA(ra)
-    cdef float e = eps
-    if not (e > 0 and e < 1e30):
-        raise ValueError(f"eps must be a positive finite float, got {eps!r}")
+    cdef float e = _eps(eps)
     cdef int nt = _threads(num_threads, n * d)
     cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
     cdef const float *wp = <const float *>cnp.PyArray_DATA(wa)
@@ -187,27 +193,23 @@ def qkv_rope(qkv, positions, cos, sin, q_out, k_out, v_out, num_heads, num_kv_he
     cdef cnp.ndarray va = _f32(v_out, "v_out", (n, kw), True)
     cdef cnp.ndarray ca = _f32(cos, "cos", (None, half))
     cdef cnp.ndarray sa = _f32(sin, "sin", (ca.shape[0], half))
-    outs = (qa, ka, va)
-    for a_i in range(3):
-        if np.shares_memory(outs[a_i], xa):
-            raise ValueError("outputs must not overlap qkv")
-        for b_i in range(a_i):
-            if np.shares_memory(outs[a_i], outs[b_i]):
-                raise ValueError("q_out, k_out and v_out must not overlap")
+    if _overlap(qa, xa) or _overlap(ka, xa) or _overlap(va, xa):
+        raise ValueError("outputs must not overlap qkv")
+    if _overlap(qa, ka) or _overlap(qa, va) or _overlap(ka, va):
+        raise ValueError("q_out, k_out and v_out must not overlap")
     if not isinstance(positions, np.ndarray) or positions.dtype != np.int32:
         raise TypeError("positions must be an int32 numpy array")
     if positions.shape != (n,) or not positions.flags.c_contiguous:
         raise ValueError(f"positions must be C-contiguous with shape ({n},)")
     cdef const int32_t[::1] pos = positions
     cdef Py_ssize_t P = ca.shape[0]
-    if n and (positions.min() < 0 or positions.max() >= P):
-        raise IndexError(f"positions must be in [0, {P}), the rows of the cos/sin tables")
+    for i in range(n):
+        if pos[i] < 0 or pos[i] >= P:
+            raise IndexError(f"position {pos[i]} is outside [0, {P}), the rows of the cos/sin tables")
     cdef const float *bp = _opt(bias, "bias", (W,))
     cdef const float *qn = _opt(q_norm, "q_norm", (D,))
     cdef const float *kn = _opt(k_norm, "k_norm", (D,))
-    cdef float e = eps
-    if not (e > 0 and e < 1e30):
-        raise ValueError(f"eps must be a positive finite float, got {eps!r}")
+    cdef float e = _eps(eps)
     cdef int nt = _threads(num_threads, n * W)
     cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
     cdef const float *cp = <const float *>cnp.PyArray_DATA(ca)
@@ -237,15 +239,15 @@ def silu_mul(gate_up, out, num_threads=None):
         raise ValueError(f"gate_up must have an even number of columns, got {w2}")
     cdef Py_ssize_t w = w2 // 2
     cdef cnp.ndarray oa = _f32(out, "out", (n, w), True)
-    if np.shares_memory(oa, ga):
+    if _overlap(oa, ga):
         raise ValueError("out must not overlap gate_up")
     cdef int nt = _threads(num_threads, n * w2)
     cdef const float *gp = <const float *>cnp.PyArray_DATA(ga)
     cdef float *op = <float *>cnp.PyArray_DATA(oa)
     if nt > 1:
         for i in prange(n, nogil=True, num_threads=nt, schedule="static"):
-            silu_mul_row(gp + i * w2, op + i * w, w)
+            pagedcy_silu_mul_row(gp + i * w2, op + i * w, w)
     else:
         with nogil:
             for i in range(n):
-                silu_mul_row(gp + i * w2, op + i * w, w)
+                pagedcy_silu_mul_row(gp + i * w2, op + i * w, w)

@@ -187,7 +187,11 @@ class LLMEngine:
             sched.preempt_last()
             return []
         t1 = time.perf_counter()
-        logits = self.model.forward(mgr.store.pages(), token_ids, slots)
+        try:
+            logits = self.model.forward(mgr.store.pages(), token_ids, slots)
+        except BaseException:
+            sched.rollback(batch)   # nothing counted: the step can run again
+            raise
         self._timers["forward"] += time.perf_counter() - t1
         mgr.commit_step(handles, q_lens)
         outputs = self._process(batch, logits)

@@ -2,7 +2,8 @@
 import dataclasses
 import math
 import numbers
-import operator
+
+from pagedcy import _validate
 
 __all__ = ["SamplingParams"]
 
@@ -13,12 +14,14 @@ GREEDY_EPS = 1e-5
 def _int(value, name, *, allow_none=False):
     if value is None and allow_none:
         return None
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+    return _validate.as_int(value, name)
+
+
+def _require(name, value, ok, want):
+    """``value`` if ``ok``, else ValueError saying ``name`` must be ``want``."""
+    if not ok:
+        raise ValueError(f"{name} must be {want}, got {value}")
+    return value
 
 
 def _float(value, name):
@@ -66,33 +69,20 @@ class SamplingParams:
             object.__setattr__(self, name, value)
 
         n = _int(self.n, "n")
-        if n < 1:
-            raise ValueError(f"n must be at least 1, got {n}")
-        put("n", n)
+        put("n", _require("n", n, n >= 1, "at least 1"))
         mt = _int(self.max_tokens, "max_tokens", allow_none=True)
-        if mt is not None and mt < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {mt}")
-        put("max_tokens", mt)
+        put("max_tokens", _require("max_tokens", mt, mt is None or mt >= 1, "at least 1"))
         t = _float(self.temperature, "temperature")
-        if t < 0 or math.isinf(t):
-            raise ValueError(f"temperature must be a finite number >= 0, got {t}")
-        put("temperature", t)
+        put("temperature", _require("temperature", t, 0 <= t < math.inf, "finite and >= 0"))
         p = _float(self.top_p, "top_p")
-        if not 0.0 < p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {p}")
-        put("top_p", p)
+        put("top_p", _require("top_p", p, 0.0 < p <= 1.0, "in (0, 1]"))
         k = _int(self.top_k, "top_k")
-        if k < -1:
-            raise ValueError(f"top_k must be -1 (off), 0 (off) or at least 1, got {k}")
+        _require("top_k", k, k >= -1, "-1 (off), 0 (off) or at least 1")
         put("top_k", 0 if k == -1 else k)
         mp = _float(self.min_p, "min_p")
-        if not 0.0 <= mp <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {mp}")
-        put("min_p", mp)
+        put("min_p", _require("min_p", mp, 0.0 <= mp <= 1.0, "in [0, 1]"))
         seed = _int(self.seed, "seed", allow_none=True)
-        if seed is not None and seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        put("seed", seed)
+        put("seed", _require("seed", seed, seed is None or seed >= 0, ">= 0"))
         stop = self.stop
         if stop is None:
             stop = ()
@@ -126,9 +116,7 @@ class SamplingParams:
             raise TypeError("ignore_eos must be a bool")
         put("ignore_eos", bool(self.ignore_eos))
         lp = _int(self.logprobs, "logprobs", allow_none=True)
-        if lp is not None and lp < 0:
-            raise ValueError(f"logprobs must be None or >= 0, got {lp}")
-        put("logprobs", lp)
+        put("logprobs", _require("logprobs", lp, lp is None or lp >= 0, "None or >= 0"))
 
     @property
     def greedy(self):

@@ -123,17 +123,31 @@ class Scheduler:
         self.running = [s for s in self.running if s.status == SeqStatus.RUNNING]
 
     # -- page accounting -----------------------------------------------------------------
-    def _pages_needed(self, seq, q, ref_counts):
-        """New pages ``seq`` needs for ``q`` more tokens: blocks past its table, plus one
-        when the first block written is shared (its copy-on-write copy)."""
+    def _pages_needed(self, seq, q):
+        """(new blocks, pages needed) for ``q`` more tokens of running ``seq``: blocks past
+        its table, plus one when the first block written is shared (its copy-on-write
+        copy). Only completions of a request with n > 1 share a page they write: prefix
+        cache hits are full pages, never written again."""
         h = seq.handle
         ps = self.page_size
         nb = h.num_blocks()
-        need = max(0, -(-(seq.num_computed + q) // ps) - nb)
-        first = seq.num_computed // ps
-        if first < nb and ref_counts[h.block_table()[first]] > 1:
+        nc = seq.num_computed
+        grow = -(-(nc + q) // ps) - nb
+        if grow < 0:
+            grow = 0
+        need = grow
+        if seq.request.params.n > 1 and nc // ps < nb and \
+                self.manager.pool.ref_count(int(h.block_table()[nc // ps])) > 1:
             need += 1
-        return need
+        return grow, need
+
+    def _extend(self, seq, q, grow):
+        """Count ``q`` more tokens in ``seq``'s handle (``manager.extend`` when it needs
+        blocks; a plain token count otherwise, the same thing without the allocation)."""
+        if grow:
+            self.manager.extend(seq.handle, q)
+        else:
+            seq.handle.set_num_tokens(seq.num_computed + q)
 
     def _preempt(self, seq):
         """Take ``seq`` out of the pool: swap it out when allowed and possible, else free
@@ -169,21 +183,23 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled = []
         preempted = False
-        ref_counts = mgr.pool.ref_counts()
+        free = mgr.free_blocks()
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             q = min(seq.pending(), budget)
-            need = self._pages_needed(seq, q, ref_counts)
-            while need > mgr.free_blocks():
+            grow, need = self._pages_needed(seq, q)
+            while need > free:
                 victim = running.pop()
                 self._preempt(victim)
                 preempted = True
+                free = mgr.free_blocks()
                 if victim is seq:
                     break
             else:
-                mgr.extend(seq.handle, q)
+                self._extend(seq, q, grow)
+                free -= need
                 scheduled.append((seq, q))
                 budget -= q
                 i += 1
@@ -210,7 +226,7 @@ class Scheduler:
             self.swapped.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
-            mgr.extend(h, q)
+            self._extend(seq, q, grow)
             scheduled.append((seq, q))
             budget -= q
         return budget
@@ -244,7 +260,7 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             q = min(seq.pending(), budget)
-            mgr.extend(h, q)
+            self._extend(seq, q, 0)     # the prompt's pages are allocated already
             scheduled.append((seq, q))
             budget -= q
 

@@ -91,6 +91,8 @@ class Sequence:
                     fin = ("stop", hit[1])
         if fin is None:
             fin = checker.check_length(len(self.output))
+            if fin is not None and self.detok is not None:
+                self.text += self.detok.flush()     # a character cut short by the limit
         if fin is not None:
             self.finish_reason, self.stop_reason = fin
 

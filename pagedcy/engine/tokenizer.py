@@ -96,37 +96,54 @@ class IncrementalDetokenizer:
     """Turns generated token ids into text one token at a time.
 
     ``step(token_id) -> str`` returns the new text (possibly empty: a token that ends
-    in the middle of a UTF-8 character is held until the character is complete).
-    Special tokens are skipped. The concatenated pieces equal the decoder's output for
-    the generated tokens in the context of the prompt. Uses ``tokenizers``'
-    ``DecodeStream`` where available, else the prefix/read-offset scheme vLLM uses.
+    in the middle of a UTF-8 character is held until the character is complete);
+    ``flush() -> str`` returns what is still held (as the decoder renders it, e.g. U+FFFD
+    for a broken character) when the completion ends. Special tokens are skipped. The
+    pieces concatenate to the decoder's output for the generated tokens in the context of
+    the prompt. Uses ``tokenizers``' ``DecodeStream`` where available, else the
+    prefix/read-offset scheme vLLM uses.
     """
 
-    __slots__ = ("_tok", "_stream", "_ids", "_prefix", "_read")
+    __slots__ = ("_tok", "_stream", "_context", "_ids", "_prefix", "_read", "_emitted")
 
     def __init__(self, tokenizer, prompt_ids=()):
         self._tok = tokenizer.backend
-        context = [int(i) for i in list(prompt_ids)[-_CONTEXT_TOKENS:]]
+        self._context = [int(i) for i in list(prompt_ids)[-_CONTEXT_TOKENS:]]
         try:
             from tokenizers.decoders import DecodeStream
-            self._stream = DecodeStream(context, True)
+            self._stream = DecodeStream(self._context, True)
         except (ImportError, TypeError):  # tokenizers < 0.21 (or no ids argument)
             self._stream = None
-        self._ids = context
+        self._ids = list(self._context)
         self._prefix = 0
-        self._read = len(context)
+        self._read = len(self._context)
+        self._emitted = 0
 
     def step(self, token_id):
         """Append one generated token id; returns the text it completes (str)."""
+        token_id = int(token_id)
+        self._ids.append(token_id)
         if self._stream is not None:
-            return self._stream.step(self._tok, int(token_id)) or ""
-        ids = self._ids
-        ids.append(int(token_id))
+            piece = self._stream.step(self._tok, token_id) or ""
+        else:
+            ids = self._ids
+            dec = self._tok.decode
+            prefix = dec(ids[self._prefix:self._read], skip_special_tokens=True)
+            full = dec(ids[self._prefix:], skip_special_tokens=True)
+            piece = ""
+            if len(full) > len(prefix) and not full.endswith("\ufffd"):
+                self._prefix = self._read
+                self._read = len(ids)
+                piece = full[len(prefix):]
+        self._emitted += len(piece)
+        return piece
+
+    def flush(self):
+        """The text still held back at the end of the completion ("" if none)."""
         dec = self._tok.decode
-        prefix = dec(ids[self._prefix:self._read], skip_special_tokens=True)
-        full = dec(ids[self._prefix:], skip_special_tokens=True)
-        if len(full) > len(prefix) and not full.endswith("\ufffd"):
-            self._prefix = self._read
-            self._read = len(ids)
-            return full[len(prefix):]
-        return ""
+        n = len(self._context)
+        text = dec(self._ids, skip_special_tokens=True)[len(dec(self._ids[:n],
+                                                              skip_special_tokens=True)):]
+        rest = text[self._emitted:]
+        self._emitted += len(rest)
+        return rest

@@ -88,11 +88,27 @@ class CausalLM:
             raise ValueError(f"qo_indptr must start at 0, end at {n} and give every sequence >= 1 row")
         lens = _i32(slots.kv_lens, "kv_lens", (b,))
         tables = _i32(slots.block_tables, "block_tables", (b, -1))
-        if pos.min() < 0 or pos.max() >= MAX_POSITION:
-            raise ValueError(f"positions must be in [0, {MAX_POSITION})")
-        if np.any(pos[indptr[1:] - 1] != lens - 1):
-            raise ValueError("each sequence's last position must be its kv_len - 1")
+        q_lens = np.diff(indptr)
+        if np.any(q_lens > lens) or lens.max() >= MAX_POSITION:
+            raise ValueError(f"kv_lens must be >= each sequence's new tokens and < {MAX_POSITION}")
+        # The kernel places sequence b's new rows at kv_len - q_len .. kv_len - 1; RoPE must too.
+        if np.any(pos != np.repeat(lens - indptr[1:], q_lens) + np.arange(n, dtype=np.int32)):
+            raise ValueError("positions must be kv_len - q_len .. kv_len - 1 for each sequence")
         return ids, pos, pages, offs, indptr, lens, tables
+
+    @staticmethod
+    def _check_pages(kv_pages, pages, offs, lens, tables):
+        """Every slot and every block-table entry the kernel will read is a page of the pool,
+        checked before anything is written."""
+        ps, maxp = kv_pages.shape[3], kv_pages.shape[0]
+        if pages.min() < 0 or pages.max() >= maxp or offs.min() < 0 or offs.max() >= ps:
+            raise IndexError(f"slot pages must be in [0, {maxp}) and offsets in [0, {ps})")
+        need = (lens + ps - 1) // ps
+        if need.max() > tables.shape[1]:
+            raise ValueError(f"block_tables has {tables.shape[1]} columns, {need.max()} are needed")
+        used = tables[np.arange(tables.shape[1]) < need[:, None]]
+        if used.min() < 0 or used.max() >= maxp:
+            raise IndexError(f"block_tables hold page ids outside [0, {maxp})")
 
     def _embed_rows(self, ids, out):
         if self._embed is not None:
@@ -110,9 +126,7 @@ class CausalLM:
         (nothing is written when the slots or token ids are invalid)."""
         ids, pos, pages, offs, indptr, lens, tables = self._check(token_ids, slots)
         store = self._pages.store_for(kv_pages)
-        ps, maxp = kv_pages.shape[3], kv_pages.shape[0]
-        if pages.min() < 0 or pages.max() >= maxp or offs.min() < 0 or offs.max() >= ps:
-            raise IndexError(f"slot pages must be in [0, {maxp}) and offsets in [0, {ps})")
+        self._check_pages(kv_pages, pages, offs, lens, tables)
         n, b = ids.shape[0], lens.shape[0]
         c, ws, nt = self.config, self._ws, self._nt
         ws.ensure(n, b)

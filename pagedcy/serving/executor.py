@@ -1,16 +1,21 @@
-"""A deterministic model executor over the paged KV cache (ferrum-testkit's
-``PagedAttentionExecutor``, with real batching).
+"""A deterministic, weightless model executor over the paged KV cache, for tests and
+benchmarks of the serving path (prefill, batched decode, prefix caching, fork, swap).
 
 There are no weights: a token's embedding is ``e[i] = sin((token + 1) * (i + 1))`` for
 ``i < num_kv_heads * head_dim``, Q = K = V = embedding (the query repeats each KV head's
 slice for the ``num_heads // num_kv_heads`` query heads sharing it), K/V go to every
 layer, attention runs over the last layer and logits fold the attention output with
-``logits[i % vocab_size] += out[i]``. For batch 1 the numbers are the seed's; where the
-seed copies row 0's result into every row, each row here is its own sequence, and a
+``logits[i % vocab_size] += out[i]``. Every row of a batch is its own sequence, and a
 decode step of many rows is one batched kernel call.
+
+Result records: every value this module returns that bundles several fields (the
+outputs of ``prefill``/``decode`` and the ``status()``, ``info()`` and
+``capabilities()`` reports) is a frozen dataclass with a docstring; nested groups are
+dataclasses too, and ``dataclasses.asdict`` turns any of them into plain dicts (for JSON).
 """
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -19,12 +24,14 @@ from pagedcy.errors import PoolExhaustedError
 from pagedcy.serving.manager import AllocationRequest, PagedKVCacheHandle, PagedKVCacheManager
 
 __all__ = ["PagedExecutorConfig", "PagedAttentionExecutor", "PrefillOutput", "DecodeOutput",
-           "token_embeddings"]
+           "ExecutorStatus", "MemoryUsage", "ModelInfo", "ExecutorCapabilities",
+           "MemoryRequirements", "token_embeddings"]
 
 
 @dataclass(frozen=True)
 class PagedExecutorConfig:
-    """Model shape of the executor (defaults are the seed's).
+    """Model shape of the executor (small defaults: a 256-token vocabulary, 2 layers,
+    4 heads of 8 dims).
 
     num_heads must be a multiple of num_kv_heads (GQA); all sizes positive (ValueError).
     """
@@ -47,35 +54,128 @@ class PagedExecutorConfig:
                              f"{self.num_kv_heads}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class PrefillOutput:
-    """logits: float32 ``[batch, seq, vocab_size]``; kv_cache: the handle (batch 1 with a
-    single handle given) or the list of handles, one per row."""
+    """Result of :meth:`PagedAttentionExecutor.prefill`.
+
+    logits: float32 ``[batch, seq, vocab_size]``; kv_cache: the handle (batch 1 with a
+    single handle given, or allocated here) or the list of handles, one per row.
+    """
 
     logits: np.ndarray
     kv_cache: object
 
 
-@dataclass
+@dataclass(frozen=True)
 class DecodeOutput:
-    """logits: float32 ``[batch, vocab_size]``; kv_cache: as passed in."""
+    """Result of :meth:`PagedAttentionExecutor.decode`.
+
+    logits: float32 ``[batch, vocab_size]``; kv_cache: as passed in.
+    """
 
     logits: np.ndarray
     kv_cache: object
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """KV-cache memory in bytes of the storage dtype: allocated_bytes (the whole pool),
+    used_bytes (pages held by sequences), peak_bytes, utilization_percent (used/allocated)."""
+
+    allocated_bytes: int
+    used_bytes: int
+    peak_bytes: int
+    utilization_percent: float
+
+
+@dataclass(frozen=True)
+class ExecutorStatus:
+    """Result of :meth:`PagedAttentionExecutor.status`.
+
+    state ("ready"), is_ready, current_batch_size (rows of the last call),
+    prefill_operations / decode_operations (calls so far), avg_prefill_time_ms /
+    avg_decode_time_ms (0.0 before the first call), memory_usage (:class:`MemoryUsage`),
+    last_operation ("prefill", "decode" or None).
+    """
+
+    state: str
+    is_ready: bool
+    current_batch_size: int
+    prefill_operations: int
+    decode_operations: int
+    avg_prefill_time_ms: float
+    avg_decode_time_ms: float
+    memory_usage: MemoryUsage
+    last_operation: Optional[str]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Result of :meth:`PagedAttentionExecutor.info`: what the executor computes.
+
+    model_id, model_type, num_parameters (0: no weights), hidden_size (num_heads *
+    head_dim), num_layers, num_heads, num_kv_heads, vocab_size, max_sequence_length,
+    dtype (of the computation), kv_cache_dtype (of the pages), device, version.
+    """
+
+    model_id: str
+    model_type: str
+    num_parameters: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    max_sequence_length: int
+    dtype: str
+    kv_cache_dtype: str
+    device: str
+    version: str
+
+
+@dataclass(frozen=True)
+class MemoryRequirements:
+    """Bytes the executor needs: parameter_memory, activation_memory_per_token,
+    kv_cache_memory_per_token (K and V of every layer in the cache's storage dtype),
+    overhead_memory."""
+
+    parameter_memory: int
+    activation_memory_per_token: int
+    kv_cache_memory_per_token: int
+    overhead_memory: int
+
+
+@dataclass(frozen=True)
+class ExecutorCapabilities:
+    """Result of :meth:`PagedAttentionExecutor.capabilities`: batch and length limits,
+    the attention mechanisms, batching and parallelism features, prefix caching (as the
+    manager was made), dtypes, devices and :class:`MemoryRequirements`."""
+
+    max_batch_size: int
+    max_sequence_length: int
+    attention_mechanisms: tuple
+    supports_dynamic_batching: bool
+    supports_continuous_batching: bool
+    supports_speculative_decoding: bool
+    supports_tensor_parallelism: bool
+    supports_pipeline_parallelism: bool
+    supports_prefix_caching: bool
+    supported_dtypes: tuple
+    supported_devices: tuple
+    memory_requirements: MemoryRequirements
 
 
 def token_embeddings(tokens, kv_dim):
     """float32 ``[n, kv_dim]`` embeddings ``sin((t + 1) * (i + 1))`` of integer ``tokens``.
 
-    The product is formed in float32 exactly as Rust's ``(t as f32 + 1.0) * (i as f32 +
-    1.0)`` (same IEEE rounding); the sine is taken in float64 and rounded once to
-    float32, which is the correctly rounded f32 sine except in rare double-rounding
-    ties -- closer to Rust's ``f32::sin`` (libm sinf, < 1 ulp) than NumPy's float32 SIMD
-    sine, whose error is a few ulp.
+    The product ``(t + 1) * (i + 1)`` is rounded to float32; the sine is taken in float64
+    and rounded once to float32, which is the correctly rounded float32 sine except in
+    rare double-rounding ties -- closer to C's ``sinf`` (< 1 ulp) than NumPy's float32
+    SIMD sine, whose error is a few ulp.
     """
     t = _validate.token_id_array(tokens, "tokens").reshape(-1).astype(np.float32) + np.float32(1.0)
     i = np.arange(1, kv_dim + 1, dtype=np.float32)
-    prod = t[:, None] * i[None, :]                       # float32 product, as in Rust
+    prod = t[:, None] * i[None, :]                       # rounded to float32 on purpose
     return np.sin(prod.astype(np.float64)).astype(np.float32)
 
 
@@ -112,13 +212,12 @@ class PagedAttentionExecutor:
         self._prefill_time = self._decode_time = 0.0
         self._batch = 0
         self._last = None
-        self._info = {
-            "model_id": "paged-test-model", "model_type": "paged-test", "num_parameters": 0,
-            "hidden_size": config.num_heads * config.head_dim, "num_layers": config.num_layers,
-            "num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
-            "vocab_size": config.vocab_size, "max_sequence_length": config.max_sequence_length,
-            "dtype": "float32", "kv_cache_dtype": mc.dtype, "device": "cpu", "version": "test-1.0",
-        }
+        self._info = ModelInfo(
+            model_id="paged-test-model", model_type="paged-test", num_parameters=0,
+            hidden_size=config.num_heads * config.head_dim, num_layers=config.num_layers,
+            num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+            vocab_size=config.vocab_size, max_sequence_length=config.max_sequence_length,
+            dtype="float32", kv_cache_dtype=mc.dtype, device="cpu", version="test-1.0")
 
     # -- pieces -------------------------------------------------------------------------
     def embed(self, tokens):
@@ -128,7 +227,7 @@ class PagedAttentionExecutor:
     def _query(self, emb):
         c = self.config
         q = emb.reshape(-1, c.num_kv_heads, 1, c.head_dim)
-        # Each KV head's slice repeated for the query heads that share it (GQA), as the seed.
+        # Each KV head's slice repeated for the query heads that share it (GQA).
         return np.ascontiguousarray(np.broadcast_to(
             q, (q.shape[0], c.num_kv_heads, self._rep, c.head_dim))).reshape(
                 q.shape[0], c.num_heads, c.head_dim)
@@ -216,8 +315,9 @@ class PagedAttentionExecutor:
                 raise ValueError(f"handle {h.request_id!r} already holds {h.num_tokens()} "
                                  f"tokens, more than the {S}-token prompt")
             cached = h.num_cached_tokens()
-            if cached and (h._prompt is None or len(h._prompt) < cached
-                           or not np.array_equal(h._prompt[:cached], ids[b, :cached])):
+            prompt = h.prompt_tokens()
+            if cached and (prompt is None or len(prompt) < cached
+                           or not np.array_equal(prompt[:cached], ids[b, :cached])):
                 raise ValueError(f"the cached prefix of {h.request_id!r} does not match input_ids")
         for h in hs:
             if h.num_tokens() < S:
@@ -296,55 +396,49 @@ class PagedAttentionExecutor:
         return self._decode_ops
 
     def info(self):
-        """Model description (dict, the seed's ModelInfo fields)."""
-        return dict(self._info)
+        """What the executor computes: :class:`ModelInfo`."""
+        return self._info
 
     def capabilities(self):
-        """What this executor supports (dict, the seed's ExecutorCapabilities fields);
+        """What this executor supports: :class:`ExecutorCapabilities`;
         ``kv_cache_memory_per_token`` is in the cache's real storage bytes."""
         c = self.config
         mc = self.manager.config
-        return {
-            "max_batch_size": self.max_batch_size,
-            "max_sequence_length": c.max_sequence_length,
-            "attention_mechanisms": ["paged"],
-            "supports_dynamic_batching": True,
-            "supports_continuous_batching": True,
-            "supports_speculative_decoding": False,
-            "supports_tensor_parallelism": False,
-            "supports_pipeline_parallelism": False,
-            "supports_prefix_caching": self.manager._prefix,
-            "supported_dtypes": ["float32"],
-            "supported_devices": ["cpu"],
-            "memory_requirements": {
-                "parameter_memory": 0, "activation_memory_per_token": 0,
-                "kv_cache_memory_per_token": c.num_kv_heads * c.head_dim * 2 * c.num_layers
+        return ExecutorCapabilities(
+            max_batch_size=self.max_batch_size,
+            max_sequence_length=c.max_sequence_length,
+            attention_mechanisms=("paged",),
+            supports_dynamic_batching=True,
+            supports_continuous_batching=True,
+            supports_speculative_decoding=False,
+            supports_tensor_parallelism=False,
+            supports_pipeline_parallelism=False,
+            supports_prefix_caching=self.manager.prefix_cache_enabled,
+            supported_dtypes=("float32",),
+            supported_devices=("cpu",),
+            memory_requirements=MemoryRequirements(
+                parameter_memory=0, activation_memory_per_token=0,
+                kv_cache_memory_per_token=c.num_kv_heads * c.head_dim * 2 * c.num_layers
                 * mc.itemsize(),
-                "overhead_memory": 0,
-            },
-        }
+                overhead_memory=0),
+        )
 
     def status(self):
-        """Counters and memory (dict): state, is_ready, current_batch_size,
-        prefill_operations, decode_operations, avg_prefill_time_ms, avg_decode_time_ms,
-        memory_usage {allocated_bytes (pool), used_bytes, peak_bytes,
-        utilization_percent}, last_operation."""
+        """Counters and memory now: :class:`ExecutorStatus`."""
         m = self.manager
         total = m.total_memory_bytes()
         used = m.used_memory_bytes()
-        return {
-            "state": "ready", "is_ready": True,
-            "current_batch_size": self._batch,
-            "prefill_operations": self._prefill_ops,
-            "decode_operations": self._decode_ops,
-            "avg_prefill_time_ms": 1e3 * self._prefill_time / self._prefill_ops
+        return ExecutorStatus(
+            state="ready", is_ready=True,
+            current_batch_size=self._batch,
+            prefill_operations=self._prefill_ops,
+            decode_operations=self._decode_ops,
+            avg_prefill_time_ms=1e3 * self._prefill_time / self._prefill_ops
             if self._prefill_ops else 0.0,
-            "avg_decode_time_ms": 1e3 * self._decode_time / self._decode_ops
+            avg_decode_time_ms=1e3 * self._decode_time / self._decode_ops
             if self._decode_ops else 0.0,
-            "memory_usage": {
-                "allocated_bytes": total, "used_bytes": used,
-                "peak_bytes": m.peak_memory_bytes(),
-                "utilization_percent": 100.0 * used / total,
-            },
-            "last_operation": self._last,
-        }
+            memory_usage=MemoryUsage(allocated_bytes=total, used_bytes=used,
+                                     peak_bytes=m.peak_memory_bytes(),
+                                     utilization_percent=100.0 * used / total),
+            last_operation=self._last,
+        )

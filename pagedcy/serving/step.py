@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["StepSlots", "step_slots"]
+from pagedcy import _validate
+
+__all__ = ["StepSlots", "step_slots", "check_q_lens"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,24 @@ class StepSlots:
     def batch_size(self):
         """B, the number of sequences in the step."""
         return int(self.kv_lens.shape[0])
+
+
+def check_q_lens(q_lens, handles, kv_lens):
+    """``q_lens`` as int64 ``[B]`` with ``1 <= q_lens[i] <= kv_lens[i]`` (int64 ``[B]``,
+    the tokens of ``handles[i]``): TypeError for non-integers, ValueError otherwise."""
+    ql = np.asarray(q_lens)
+    if ql.size == 0 and ql.dtype.kind == "f":     # [] arrives as float64
+        ql = ql.astype(np.int64)
+    ql = _validate.int_array(ql, "q_lens")
+    B = kv_lens.shape[0]
+    if ql.shape != (B,):
+        raise ValueError(f"q_lens must have shape ({B},), got {ql.shape}")
+    bad = np.nonzero((ql < 1) | (ql > kv_lens))[0]
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"q_len {int(ql[i])} of {handles[i].request_id!r} must be in "
+                         f"[1, {int(kv_lens[i])}] (its num_tokens())")
+    return ql.astype(np.int64)
 
 
 def step_slots(block_tables, kv_lens, q_lens, page_size):
