@@ -268,3 +268,18 @@ def test_forward_reuses_buffers_and_grows(ckpt):
     fresh = SlotAllocator(model, 8, 4)
     again = model.forward(fresh.store.pages(), np.arange(3, dtype=np.int32), fresh.step([0], [3]))
     np.testing.assert_array_equal(again, first)
+
+
+def test_profile_accounts_for_every_part(ckpt, capsys):
+    """The forward profiler's parts add up to the instrumented time and restore the module."""
+    from pagedcy.models import model as model_mod, profile
+
+    model = load_model(ckpt)
+    saved = model_mod.batch_paged_attention
+    parts = profile.profile(model, "tiny", batch=2, q_len=3, ctx=9, reps=1, page_size=4)
+    assert model_mod.batch_paged_attention is saved and model_mod.np is np
+    named = ("gemm", "attention", "kv write", "layers kernels", "rest")
+    assert set(named) <= set(parts)
+    assert abs(sum(parts[k] for k in named) - parts["total"]) < 1e-9
+    assert parts["gemm"] > 0 and parts["attention"] > 0
+    assert "GFLOP/s" in capsys.readouterr().out

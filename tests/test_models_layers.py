@@ -42,13 +42,21 @@ def test_rms_norm(n, d, fused, seed, threads):
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
 
 
-def test_rms_norm_in_place_and_many_rows():
+def test_threaded_path_in_place():
+    """Calls above PARALLEL_ELEMENTS split rows over threads: same results."""
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((300, 512), dtype=np.float32)  # above the threading threshold
-    w = rng.standard_normal(512, dtype=np.float32)
+    d = 512
+    n = _layers.PARALLEL_ELEMENTS // d + 3
+    x = rng.standard_normal((n, d), dtype=np.float32)
+    w = rng.standard_normal(d, dtype=np.float32)
     want = rms_ref(x, w, 1e-6)
-    _layers.rms_norm(x, w, 1e-6, x, None, 2)
+    _layers.rms_norm(x, w, 1e-6, x, None, 2)  # out may be x itself
     np.testing.assert_allclose(x, want, rtol=2e-5, atol=2e-5)
+    gu = 3 * x  # [n, d] = gate | up, above the threshold too
+    out = np.empty((n, d // 2), np.float32)
+    _layers.silu_mul(gu, out, 2)
+    g, u = gu[:, :d // 2].astype(np.float64), gu[:, d // 2:].astype(np.float64)
+    np.testing.assert_allclose(out, g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-6)
 
 
 @SET

@@ -17,11 +17,12 @@ from pagedcy._libs._threads import resolve_num_threads
 
 cnp.import_array()
 
-# Below this many float32 elements per call, one thread. The elementwise work is under 1% of a
-# prefill on one core (GEMMs dominate), and on a busy machine an OpenMP region next to
-# OpenBLAS's own threads can wait milliseconds for a descheduled worker, so only large calls
-# (a long prefill) are split.
-PARALLEL_ELEMENTS = 1 << 18
+# Below this many float32 elements per call, one thread. The elementwise work is a few % of
+# a prefill on one core (GEMMs dominate), and an OpenMP region next to OpenBLAS's own threads
+# can wait milliseconds for a descheduled worker: the benchmark model's 4 x 256-token prefill
+# spent 35 ms in these kernels on one thread and 620 ms split over two on a busy 2-core
+# machine. Only calls with several million elements (long prefills of large models) split.
+PARALLEL_ELEMENTS = 1 << 22
 
 
 cdef void rms_row(const float *x, float *residual, const float *weight, float eps,
