@@ -160,6 +160,9 @@ def main(argv=None):
         cfg = config_dict()
         print(f"# pagedcy bench --serve: CPU {_cpu()}; pagedcy {cfg['pagedcy']}, threads "
               f"{cfg['num_threads']}, SIMD {cfg['simd']}; BLAS {_blas()}")
+        env = [f"{k}={v}" for k, v in sorted(os.environ.items())
+               if k.startswith(("OMP_", "GOMP_", "OPENBLAS_", "MKL_", "PAGEDCY_"))]
+        print(f"# engine threads: {args.num_threads or 'default'}; env: {' '.join(env) or '(none set)'}")
         print(f"# model: {'random Llama ' + str(QUICK if args.quick else FULL) if args.model is None else model_dir}")
         print(f"# workload: prompt lengths uniform in [{min(128, max_len)}, {max_len}], "
               f"{args.max_tokens} new tokens, ignore_eos, greedy, streaming completions")
