@@ -97,6 +97,7 @@ class ChatCompletionRequest(_SamplingFields):
 # --- responses ----------------------------------------------------------------------------
 
 class UsageInfo(BaseModel):
+    """Token counts of a request: prompt, completion (all choices), total."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
@@ -111,6 +112,7 @@ class CompletionLogProbs(BaseModel):
 
 
 class CompletionChoice(BaseModel):
+    """One completion of /v1/completions (or its delta in a stream chunk)."""
     index: int
     text: str
     logprobs: Optional[CompletionLogProbs] = None
@@ -119,6 +121,7 @@ class CompletionChoice(BaseModel):
 
 
 class CompletionResponse(BaseModel):
+    """/v1/completions response, and each chunk of its stream."""
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -128,25 +131,30 @@ class CompletionResponse(BaseModel):
 
 
 class ChatTopLogprob(BaseModel):
+    """One candidate token and its logprob."""
     token: str
     logprob: float
     bytes: Optional[list[int]] = None
 
 
 class ChatTokenLogprob(ChatTopLogprob):
+    """A generated token's logprob and its top candidates."""
     top_logprobs: list[ChatTopLogprob] = Field(default_factory=list)
 
 
 class ChatLogProbs(BaseModel):
+    """Chat logprobs: one entry per generated token."""
     content: Optional[list[ChatTokenLogprob]] = None
 
 
 class ChatResponseMessage(BaseModel):
+    """The assistant message of a chat choice."""
     role: str = "assistant"
     content: Optional[str] = None
 
 
 class ChatCompletionChoice(BaseModel):
+    """One choice of /v1/chat/completions."""
     index: int
     message: ChatResponseMessage
     logprobs: Optional[ChatLogProbs] = None
@@ -155,6 +163,7 @@ class ChatCompletionChoice(BaseModel):
 
 
 class ChatCompletionResponse(BaseModel):
+    """/v1/chat/completions response."""
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -164,11 +173,13 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
+    """What a stream chunk adds to a chat choice's message."""
     role: Optional[str] = None
     content: Optional[str] = None
 
 
 class ChatStreamChoice(BaseModel):
+    """One choice's delta in a chat stream chunk."""
     index: int
     delta: DeltaMessage
     logprobs: Optional[ChatLogProbs] = None
@@ -177,6 +188,7 @@ class ChatStreamChoice(BaseModel):
 
 
 class ChatCompletionChunk(BaseModel):
+    """One chunk of a /v1/chat/completions stream."""
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -186,6 +198,7 @@ class ChatCompletionChunk(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """One served model in /v1/models."""
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -195,5 +208,6 @@ class ModelCard(BaseModel):
 
 
 class ModelList(BaseModel):
+    """/v1/models response."""
     object: Literal["list"] = "list"
     data: list[ModelCard]
