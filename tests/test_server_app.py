@@ -443,3 +443,32 @@ def test_closing_a_stream_that_never_started_aborts_its_request():
         finally:
             ae.shutdown()
     asyncio.run(run())
+
+
+def test_a_non_streaming_client_that_leaves_aborts_its_request():
+    engine = FakeEngine(step_delay=0.02)
+    with InProcessServer(engine) as s:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(s.base_url + "/v1/completions", json={"prompt": "x", "max_tokens": 200},
+                       timeout=0.5)
+        assert wait_for(lambda: not engine.reqs)       # aborted long before 200 tokens
+        assert wait_for(lambda: metrics(s.base_url).get("pagedcy_request_success_total[abort]") == 1)
+        c = openai.OpenAI(base_url=s.base_url + "/v1", api_key="x", max_retries=0)
+        assert c.completions.create(model=MODEL, prompt="x", max_tokens=3).choices[0].text
+
+
+def test_chat_logprobs_and_n(client):
+    msgs = [{"role": "user", "content": "lp"}]
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=3, n=2,
+                                       logprobs=True, top_logprobs=2)
+    assert len(r.choices) == 2 and r.choices[0].message.content != r.choices[1].message.content
+    for ch in r.choices:
+        content = ch.logprobs.content
+        assert "".join(t.token for t in content) == ch.message.content
+        assert all(t.logprob == -1.0 and len(t.top_logprobs) == 2 for t in content)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=3, n=2,
+                                                 stream=True))
+    texts = ["", ""]
+    for c in chunks:
+        texts[c.choices[0].index] += c.choices[0].delta.content or ""
+    assert texts == [ch.message.content for ch in r.choices]
