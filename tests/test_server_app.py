@@ -472,3 +472,20 @@ def test_chat_logprobs_and_n(client):
     for c in chunks:
         texts[c.choices[0].index] += c.choices[0].delta.content or ""
     assert texts == [ch.message.content for ch in r.choices]
+
+
+def test_infinite_logprobs_are_sent_as_json_numbers():
+    class InfLogprobs(FakeEngine):
+        def step(self):
+            outs = super().step()
+            for o in outs:
+                for c in o.outputs:
+                    if c.logprobs:
+                        c.logprobs = [{t: float("-inf"), 5: float("nan")} for t in c.token_ids]
+            return outs
+
+    with InProcessServer(InfLogprobs()) as s:
+        r = httpx.post(s.base_url + "/v1/completions",
+                       json={"prompt": "x", "max_tokens": 2, "logprobs": 2})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["logprobs"]["token_logprobs"] == [-9999.0, -9999.0]

@@ -10,7 +10,7 @@ from pagedcy.server.protocol import (ChatCompletionChoice, ChatCompletionChunk,
                                      ChatCompletionRequest, ChatCompletionResponse, ChatLogProbs,
                                      ChatResponseMessage, ChatStreamChoice, ChatTokenLogprob,
                                      ChatTopLogprob, DeltaMessage, UsageInfo, random_id)
-from pagedcy.server.serving import MAX_LOGPROBS, RequestRunner, sse
+from pagedcy.server.serving import MAX_LOGPROBS, RequestRunner, json_logprob, sse
 from pagedcy.server.tracker import RequestTracker
 
 
@@ -38,8 +38,8 @@ def chat_logprobs(runner: RequestRunner, token_ids, logprobs, top: int) -> ChatL
         tok = runner.decode_token(tid)
         ranked = sorted(lp.items(), key=lambda kv: -kv[1])[:top]
         content.append(ChatTokenLogprob(
-            token=tok, logprob=float(lp.get(tid, float("-inf"))), bytes=list(tok.encode()),
-            top_logprobs=[ChatTopLogprob(token=runner.decode_token(k), logprob=float(v),
+            token=tok, logprob=json_logprob(lp.get(tid, float("-inf"))), bytes=list(tok.encode()),
+            top_logprobs=[ChatTopLogprob(token=runner.decode_token(k), logprob=json_logprob(v),
                                          bytes=list(runner.decode_token(k).encode()))
                           for k, v in ranked]))
     return ChatLogProbs(content=content)

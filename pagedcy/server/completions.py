@@ -6,7 +6,7 @@ import time
 from pagedcy.server.errors import bad_request
 from pagedcy.server.protocol import (CompletionChoice, CompletionLogProbs, CompletionRequest,
                                      CompletionResponse, UsageInfo, random_id)
-from pagedcy.server.serving import MAX_LOGPROBS, RequestRunner, sse
+from pagedcy.server.serving import MAX_LOGPROBS, RequestRunner, json_logprob, sse
 from pagedcy.server.tracker import RequestTracker
 
 
@@ -18,9 +18,9 @@ def completion_logprobs(runner: RequestRunner, token_ids, logprobs, offset: int,
     for tid, lp in zip(token_ids, logprobs):
         tok = runner.decode_token(tid)
         out.tokens.append(tok)
-        out.token_logprobs.append(float(lp[tid]) if tid in lp else None)
+        out.token_logprobs.append(json_logprob(lp[tid]) if tid in lp else None)
         ranked = sorted(lp.items(), key=lambda kv: -kv[1])[:top]
-        out.top_logprobs.append({runner.decode_token(k): float(v) for k, v in ranked})
+        out.top_logprobs.append({runner.decode_token(k): json_logprob(v) for k, v in ranked})
         out.text_offset.append(offset)
         offset += len(tok)
     return out

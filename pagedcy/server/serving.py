@@ -17,6 +17,12 @@ from pagedcy.server.tracker import ChoiceDelta, RequestTracker
 MAX_LOGPROBS = 20
 
 
+def json_logprob(value) -> float:
+    """A logprob JSON can carry: -inf (and NaN) become -9999.0, as vLLM sends them."""
+    v = float(value)
+    return v if v > -9999.0 else -9999.0
+
+
 class ClientGone(Exception):
     """The client disconnected before its response was ready."""
 
