@@ -10,23 +10,10 @@ mean decode-step time, the forward time inside it and the overhead as a share of
 step, plus where the overhead goes.
 """
 import argparse
-import os
-import platform
 import tempfile
 import time
 
 import numpy as np
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main(argv=None):
@@ -39,6 +26,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args(argv)
     from threadpoolctl import threadpool_info
+    from step_overhead import cpu_model      # run as a script from asv_benches/
     from pagedcy.engine import LLMEngine, SamplingParams
     from pagedcy.models import write_random_checkpoint
 

@@ -246,6 +246,7 @@ def test_abort_frees_pages_and_leaves_the_others_alone():
             engine.abort_request("1")
             assert engine.manager.used_blocks() < used
             engine.abort_request(["2", "nope", 5])      # unknown ids are ignored
+            engine.abort_request(17)
             assert engine.get_num_unfinished_requests() == 2
 
     final = run(eng, [(str(i), p, GREEDY) for i, p in enumerate(prompts)], abort_at_3)

@@ -148,8 +148,15 @@ class LLMEngine:
 
     def abort_request(self, request_id):
         """Stop one request (a str) or several (an iterable of str) and free their pages
-        at once; unknown ids are ignored. No output is produced for them."""
-        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        at once; unknown ids (and non-string ids) are ignored. No output is produced for
+        them."""
+        if isinstance(request_id, str):
+            ids = [request_id]
+        else:
+            try:
+                ids = list(request_id)
+            except TypeError:
+                return
         for rid in ids:
             req = self._requests.pop(rid, None) if isinstance(rid, str) else None
             if req is None:
