@@ -89,8 +89,8 @@ def offline(model_dir, prompts, max_tokens, engine_kw):
     from pagedcy.engine import LLM, SamplingParams
     llm = LLM(model_dir, **engine_kw)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    llm.generate([{"prompt_token_ids": prompts[0][:32]}], SamplingParams(max_tokens=2),
-                 use_tqdm=False)
+    llm.generate([{"prompt_token_ids": list(range(10, 42))}], SamplingParams(max_tokens=2),
+                 use_tqdm=False)                # a prompt that shares no page with the others
     t0 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     duration = time.perf_counter() - t0
@@ -152,7 +152,9 @@ def main(argv=None):
         # as many requests as the level's concurrency (16 at least): the top level then runs
         # the batch LLM.generate runs, so the ratio measures the server, not batch sizes
         count = {c: args.requests or max(4 if args.quick else 16, c) for c in levels}
-        prompts = workload(max(count.values()), vocab=vocab, seed=args.seed,
+        # each level gets prompts of its own, so no level reuses another's prefix-cache pages;
+        # the offline runs (fresh engines) take the top level's; one more is the warm-up
+        prompts = workload(sum(count.values()) + 1, vocab=vocab, seed=args.seed,
                            min_len=min(128, max_len), max_len=max_len)
         engine_kw = {"num_threads": args.num_threads}
         engine_args = [] if args.num_threads is None else ["--num-threads", str(args.num_threads)]
@@ -169,15 +171,19 @@ def main(argv=None):
         top = max(levels)
         # offline runs before and after the server's levels (the best is the yardstick), so
         # a neighbour that gets busy mid-run does not favour either side
-        offs = [offline(model_dir, prompts[:count[top]], args.max_tokens, engine_kw)]
+        level_prompts, k = {}, 1
+        for c in levels:
+            level_prompts[c] = prompts[k:k + count[c]]
+            k += count[c]
+        offs = [offline(model_dir, level_prompts[top], args.max_tokens, engine_kw)]
         port = _free_port()
         proc = start_server(model_dir, port, engine_args)
         rows = []
         try:
             base = f"http://127.0.0.1:{port}"
-            asyncio.run(run_level(base, [prompts[0][:32]], 1, 2))        # warm-up
+            asyncio.run(run_level(base, [prompts[0][:32]], 1, 2))        # warm-up (own prompt)
             for c in levels:
-                results, duration = asyncio.run(run_level(base, prompts[:count[c]], c,
+                results, duration = asyncio.run(run_level(base, level_prompts[c], c,
                                                           args.max_tokens))
                 rows.append((c, count[c], summarize(results, duration)))
                 print(f"#   concurrency {c}: {count[c]} requests in {duration:.1f} s",
@@ -185,7 +191,7 @@ def main(argv=None):
         finally:
             proc.terminate()
             proc.wait(60)
-        offs.append(offline(model_dir, prompts[:count[top]], args.max_tokens, engine_kw))
+        offs.append(offline(model_dir, level_prompts[top], args.max_tokens, engine_kw))
     off = max(offs, key=lambda o: o["tok_s"])
 
     runs = ", ".join(f"{o['tok_s']:.1f}" for o in offs)
