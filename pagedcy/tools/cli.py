@@ -1,4 +1,4 @@
-"""Command line: ``python -m pagedcy {info,demo,generate,bench}``."""
+"""Command line: ``python -m pagedcy {info,demo,generate,bench,serve}``."""
 import argparse
 import sys
 
@@ -17,6 +17,11 @@ def _demo(args):
 def _generate(args):
     from pagedcy.tools.generate import main
     return main(args)
+
+
+def _serve(args):
+    from pagedcy.server.launch import serve
+    return serve(args)
 
 
 def main(argv=None):
@@ -50,14 +55,19 @@ def main(argv=None):
                      help="print the token count and finish reason to stderr")
     bench = sub.add_parser("bench", help="run the headline attention benchmarks", add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
+    from pagedcy.server.launch import add_serve_arguments
+    add_serve_arguments(sub.add_parser("serve", help="run the OpenAI-compatible server"))
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"] and "--serve" in argv:
+        from pagedcy.tools.bench_serve import main as bench_serve_main
+        return bench_serve_main([a for a in argv[1:] if a != "--serve"])
     if argv[:1] == ["bench"]:
         # bench has its own parser; hand it everything (argparse.REMAINDER drops leading flags).
         from pagedcy.tools.bench import main as bench_main
         bench_main(argv[1:])
         return 0
     args = parser.parse_args(argv)
-    return {"info": _info, "demo": _demo, "generate": _generate}[args.cmd](args)
+    return {"info": _info, "demo": _demo, "generate": _generate, "serve": _serve}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,8 @@
+"""OpenAI-compatible HTTP server over :class:`pagedcy.engine.LLMEngine`.
+
+``python -m pagedcy serve --model DIR`` (see :mod:`pagedcy.server.launch`). Modules:
+``protocol`` (request/response bodies), ``async_engine`` (the engine thread and its asyncio
+bridge), ``serving``/``completions``/``chat`` (the endpoints), ``tracker`` (deltas, usage,
+timing), ``chat_template``, ``metrics``, ``auth``, ``errors``, ``app`` (routes). Nothing here
+is imported by ``import pagedcy``.
+"""
