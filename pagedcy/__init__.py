@@ -10,7 +10,8 @@ Cython extension types over one page layout::
 - :class:`PagedKVCache`: a single-sequence cache (optionally a sliding window).
 - :func:`batch_paged_attention`, :func:`merge_states`: attention read through block tables.
 - :class:`PagedKVCacheManager`, :func:`paged_attention`, :class:`PagedAttentionExecutor`:
-  many sequences with prefix caching, copy-on-write fork and swap.
+  many sequences with prefix caching, copy-on-write fork and swap; :class:`StepSlots`:
+  one engine step's K/V slots (``manager.prepare_step`` / ``commit_step``).
 """
 from pagedcy._version import __version__
 from pagedcy.config import EvictionPolicy, PagedKVCacheConfig
@@ -36,11 +37,32 @@ except ImportError:  # pragma: no cover - present in every complete build
 
 try:  # the multi-sequence layer needs the attention kernel for attention, not to import
     from pagedcy.serving.manager import (AllocationRequest, CacheStats, MemoryPressure,  # noqa: F401
-                                 PagedKVCacheHandle, PagedKVCacheManager, paged_attention)
+                                         PagedKVCacheHandle, PagedKVCacheManager, StepSlots,
+                                         paged_attention)
     from pagedcy.serving.executor import (DecodeOutput, PagedAttentionExecutor,  # noqa: F401
                                   PagedExecutorConfig, PrefillOutput)
     __all__ += ["AllocationRequest", "CacheStats", "MemoryPressure", "PagedKVCacheHandle",
-                "PagedKVCacheManager", "paged_attention", "DecodeOutput",
+                "PagedKVCacheManager", "StepSlots", "paged_attention", "DecodeOutput",
                 "PagedAttentionExecutor", "PagedExecutorConfig", "PrefillOutput"]
 except ImportError:  # pragma: no cover - _manager_ops missing from a partial build
     pass
+
+# The LLM engine is loaded on first use (``pagedcy.LLM``): ``import pagedcy`` stays
+# NumPy-only, and the engine itself imports tokenizers/safetensors only when it loads a
+# checkpoint.
+_ENGINE_NAMES = ("LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput",
+                 "EngineStats")
+__all__ += list(_ENGINE_NAMES)
+
+
+def __getattr__(name):
+    if name in _ENGINE_NAMES:
+        import pagedcy.engine as _engine
+        value = getattr(_engine, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pagedcy' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_ENGINE_NAMES))

@@ -32,9 +32,10 @@ from pagedcy._libs._store import KVPageStore
 from pagedcy._libs._manager_ops import build_block_table, write_token_rows
 from pagedcy.config import PagedKVCacheConfig
 from pagedcy.errors import PoolExhaustedError
+from pagedcy.serving.step import StepSlots, step_slots
 
 __all__ = ["AllocationRequest", "PagedKVCacheHandle", "PagedKVCacheManager", "MemoryPressure",
-           "CacheStats", "paged_attention"]
+           "CacheStats", "StepSlots", "paged_attention"]
 
 
 def _kernel():
@@ -808,6 +809,126 @@ class PagedKVCacheManager:
             for h, p in zip(hs, pl):
                 if h._marks is not None:
                     self._after_write(h, layer, p, 1)
+
+    # -- engine step --------------------------------------------------------------------
+    def _step_batch(self, handles, q_lens):
+        """Validated ``(handles, q_lens int64 [B], kv_lens int64 [B])`` of one step."""
+        if isinstance(handles, PagedKVCacheHandle):
+            raise TypeError("handles must be a sequence of PagedKVCacheHandle, got one handle")
+        try:
+            hs = list(handles)
+        except TypeError:
+            raise TypeError("handles must be a sequence of PagedKVCacheHandle") from None
+        B = len(hs)
+        for h in hs:
+            # one cheap test per handle on the hot path; the slow path names the problem
+            if type(h) is not PagedKVCacheHandle or h._mgr is not self or not h._alive \
+                    or h._swap_blocks is not None:
+                if not isinstance(h, PagedKVCacheHandle):
+                    raise TypeError(f"handles must be PagedKVCacheHandle objects, got "
+                                    f"{type(h).__name__}")
+                self._resident(h)
+        if len(set(hs)) != B:
+            raise ValueError("a handle appears twice in one step")
+        ql = np.asarray(q_lens)
+        if ql.size == 0 and ql.dtype.kind == "f":     # [] arrives as float64
+            ql = ql.astype(np.int64)
+        ql = _validate.int_array(ql, "q_lens")
+        if ql.shape != (B,):
+            raise ValueError(f"q_lens must have shape ({B},), got {ql.shape}")
+        kv = np.fromiter((h._num_tokens for h in hs), np.int64, B)
+        bad = np.nonzero((ql < 1) | (ql > kv))[0]
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"q_len {int(ql[i])} of {hs[i].request_id!r} must be in "
+                             f"[1, {int(kv[i])}] (its num_tokens())")
+        return hs, ql.astype(np.int64), kv
+
+    def _own_step(self, hs, tables, first, nblocks):
+        """Copy-on-write for one step: give each handle private, unhashed copies of the
+        blocks ``first[b] .. first[b]+nblocks[b]-1`` it is about to write, patching
+        ``tables`` (int32 ``[B, W]``) in place. All or nothing (PoolExhaustedError)."""
+        seq = np.repeat(np.arange(len(hs), dtype=np.intp), nblocks)
+        starts = np.repeat(np.cumsum(nblocks) - nblocks, nblocks)
+        blk = np.arange(seq.shape[0], dtype=np.intp) - starts + np.repeat(first, nblocks)
+        pages = tables[seq, blk]
+        rc = self._pool.ref_counts()[pages]
+        ph = self._page_hash
+        hashed = (np.fromiter((p in ph for p in pages.tolist()), bool, pages.shape[0])
+                  if ph else np.zeros(pages.shape[0], dtype=bool))
+        todo = np.nonzero((rc > 1) | hashed)[0]
+        if not todo.size:
+            return
+        # An unhashed page that every one of its holders writes in this step needs one
+        # copy fewer than it has holders: the last writer keeps the original.
+        cand = pages[todo]
+        _, inv, touches = np.unique(cand, return_inverse=True, return_counts=True)
+        last = np.zeros(cand.shape[0], dtype=bool)
+        last[cand.shape[0] - 1 - np.unique(cand[::-1], return_index=True)[1]] = True
+        keep = ~hashed[todo] & (touches[inv] == rc[todo]) & last
+        todo = todo[~keep]
+        if not todo.size:
+            return
+        self._need(todo.shape[0])
+        new = self._take_pages(todo.shape[0])
+        changed = {}
+        for j, q in zip(todo.tolist(), new):
+            b = int(seq[j])
+            blocks = changed.get(b)
+            if blocks is None:
+                blocks = changed[b] = list(hs[b]._blocks)
+            p = blocks[blk[j]]
+            self._pool.copy_page(p, q)
+            self._release(p)
+            blocks[blk[j]] = q
+        for b, blocks in changed.items():
+            hs[b]._set_blocks(blocks)
+        tables[seq[todo], blk[todo]] = new
+        self._c["cow_copies"] += len(new)
+        self._after_change()
+
+    def prepare_step(self, handles, q_lens):
+        """Slots for one engine step over ``handles``, each adding its last ``q_lens[i]``
+        tokens (already counted by ``num_tokens()``, e.g. via :meth:`extend`).
+
+        Copies every block those tokens touch that is shared (fork) or prefix-cached
+        (copy-on-write), so the caller may write the returned slots directly, e.g. with
+        ``pagedcy._libs._manager_ops.write_token_rows(store, slots.slot_pages,
+        slots.slot_offsets, layer, keys, values)``; then call :meth:`commit_step`.
+        Returns :class:`StepSlots`. TypeError for non-handles or non-integer q_lens,
+        ValueError for a handle given twice, swapped out or deallocated, or a q_len
+        outside ``[1, num_tokens()]``; PoolExhaustedError when a copy finds no page.
+        Nothing changes on error.
+        """
+        ps = self.page_size
+        with self._lock:
+            hs, ql, kv = self._step_batch(handles, q_lens)
+            tabs = [h.block_table() for h in hs]
+            tables = build_block_table(tabs, max((t.shape[0] for t in tabs), default=0) or 1)
+            first = (kv - ql) // ps
+            self._own_step(hs, tables, first, (kv - 1) // ps - first + 1)
+            slots = step_slots(tables, kv, ql, ps)
+        self._notify()
+        return slots
+
+    def commit_step(self, handles, q_lens):
+        """Record that every layer of the step's positions (the last ``q_lens[i]`` tokens of
+        ``handles[i]``) is written: full prompt pages become prefix-cache entries exactly as
+        after :meth:`write_kv_tokens` of each layer. Errors as :meth:`prepare_step`
+        (validated first; nothing changes on error)."""
+        with self._lock:
+            hs, ql, kv = self._step_batch(handles, q_lens)
+            for h, q, n in zip(hs, ql.tolist(), kv.tolist()):
+                m = h._marks
+                if m is None:
+                    continue
+                moved = False
+                for layer, mark in enumerate(m):
+                    if n - q <= mark < n:
+                        m[layer] = n
+                        moved = True
+                if moved:
+                    self._register_written(h)
 
     def read_kv(self, handle, layer, start, n, *, float32=True):
         """Read ``n`` tokens from ``start`` of ``layer``: ``(keys, values)`` each

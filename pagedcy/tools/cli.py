@@ -1,4 +1,4 @@
-"""Command line: ``python -m pagedcy {info,demo,bench}``."""
+"""Command line: ``python -m pagedcy {info,demo,generate,bench}``."""
 import argparse
 import sys
 
@@ -14,16 +14,39 @@ def _demo(args):
     return main(args)
 
 
+def _generate(args):
+    from pagedcy.tools.generate import main
+    return main(args)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m pagedcy", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="print the build configuration (show_config)")
-    demo = sub.add_parser("demo", help="run a short paged-cache workload and print a summary")
+    demo = sub.add_parser("demo", help="serve a batch of requests with a small random Llama "
+                                       "(continuous batching) and print a summary")
     demo.add_argument("--requests", type=int, default=None,
-                      help="number of requests (default 300; 60 with --quick)")
+                      help="number of requests (default 200; 48 with --quick)")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--quick", action="store_true", help="a smaller run (for CI)")
+    demo.add_argument("--threads", type=int, default=None,
+                      help="threads of the model's kernels (default: PAGEDCY_NUM_THREADS or "
+                           "the OpenMP default)")
+    demo.add_argument("--quick", action="store_true", help="a smaller model and run (for CI)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    gen = sub.add_parser("generate", help="complete one prompt with a checkpoint, streaming "
+                                          "the text to stdout")
+    gen.add_argument("--model", required=True, help="a Hugging Face checkpoint directory")
+    gen.add_argument("--prompt", required=True, help="the prompt text")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=None,
+                     help="a stop string (repeat for several)")
+    gen.add_argument("--threads", type=int, default=None)
+    gen.add_argument("--verbose", action="store_true",
+                     help="print the token count and finish reason to stderr")
     bench = sub.add_parser("bench", help="run the headline attention benchmarks", add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -33,7 +56,7 @@ def main(argv=None):
         bench_main(argv[1:])
         return 0
     args = parser.parse_args(argv)
-    return {"info": _info, "demo": _demo}[args.cmd](args)
+    return {"info": _info, "demo": _demo, "generate": _generate}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,8 @@
+# Row kernels of the transformer layers: plain C on float32 rows, callable without the GIL.
+cdef void rms_row(const float *x, float *residual, const float *weight, float eps,
+                  float *out, Py_ssize_t d) noexcept nogil
+cdef void qkv_rope_row(const float *qkv, const float *bias, const float *cos_row,
+                       const float *sin_row, const float *q_norm, const float *k_norm, float eps,
+                       float *q_out, float *k_out, float *v_out, Py_ssize_t num_heads,
+                       Py_ssize_t num_kv_heads, Py_ssize_t head_dim) noexcept nogil
+cdef void silu_mul_row(const float *gate_up, float *out, Py_ssize_t width) noexcept nogil

@@ -1,0 +1,286 @@
+"""``LLMEngine``: requests in, one model forward per step, outputs out (vLLM's API)."""
+import os
+import time
+
+import numpy as np
+
+from pagedcy import _validate
+from pagedcy.engine import sampler
+from pagedcy.engine.inputs import parse_prompt
+from pagedcy.engine.outputs import EngineStats
+from pagedcy.engine.pool_size import default_num_pages
+from pagedcy.engine.sampling_params import SamplingParams
+from pagedcy.engine.scheduler import Scheduler
+from pagedcy.engine.sequence import Request, Sequence, SeqStatus
+from pagedcy.engine.stop_checker import StopChecker
+from pagedcy.engine.tokenizer import load_tokenizer
+from pagedcy.errors import PoolExhaustedError
+from pagedcy.serving.manager import PagedKVCacheManager
+
+__all__ = ["LLMEngine"]
+
+_PREEMPTION_MODES = ("recompute", "swap")
+
+
+def _positive(value, name):
+    v = _validate.as_int(value, name)
+    if v < 1:
+        raise ValueError(f"{name} must be at least 1, got {v}")
+    return v
+
+
+class LLMEngine:
+    """Continuous-batching generation over one checkpoint and one paged KV cache.
+
+    LLMEngine(model_dir, *, kv_cache_pages=None, page_size=16, kv_dtype="float32",
+              max_num_seqs=256, max_num_batched_tokens=2048, enable_prefix_cache=True,
+              num_threads=None, seed=0, preemption_mode="recompute", swap_pages=0)
+
+    model_dir: a Hugging Face checkpoint directory (``pagedcy.models.load_model``).
+    kv_cache_pages: pages in the KV pool (None: :func:`default_num_pages`).
+    max_num_seqs / max_num_batched_tokens: at most this many sequences / new tokens in
+    one step (longer prompts are prefilled in chunks). preemption_mode: "recompute" or
+    "swap" (swap needs ``swap_pages`` > 0 and falls back to recompute when the swap
+    pool is full). seed: seeds requests whose SamplingParams have no seed.
+    Attributes: ``tokenizer`` (:class:`~pagedcy.engine.tokenizer.Tokenizer` or None),
+    ``model_config``, ``model_dir``, ``model``, ``manager``, ``scheduler``.
+
+    FileNotFoundError / ValueError from loading the checkpoint; ValueError / TypeError
+    for bad options. Single-threaded: the caller serializes calls.
+    """
+
+    def __init__(self, model_dir, *, kv_cache_pages=None, page_size=16, kv_dtype="float32",
+                 max_num_seqs=256, max_num_batched_tokens=2048, enable_prefix_cache=True,
+                 num_threads=None, seed=0, preemption_mode="recompute", swap_pages=0):
+        if not isinstance(model_dir, (str, os.PathLike)):
+            raise TypeError(f"model_dir must be a path, got {type(model_dir).__name__}")
+        options = dict(kv_cache_pages=kv_cache_pages, page_size=page_size, kv_dtype=kv_dtype,
+                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                       enable_prefix_cache=enable_prefix_cache, seed=seed,
+                       preemption_mode=preemption_mode, swap_pages=swap_pages)
+        _check_options(**options)   # before the (slow) load
+        from pagedcy.models import load_model
+        model = load_model(model_dir, num_threads=num_threads)
+        self._setup(model, load_tokenizer(model_dir), os.fspath(model_dir), **options)
+
+    @classmethod
+    def from_model(cls, model, tokenizer=None, **options):
+        """An engine over an already loaded model: a ``CausalLM`` or any object with
+        ``config`` (ModelConfig fields), ``kv_cache_config(max_pages, page_size, dtype)``
+        and ``forward(kv_pages, token_ids, slots)``. ``options``: the constructor's
+        keywords except ``num_threads``."""
+        _check_options(**options)
+        self = cls.__new__(cls)
+        self._setup(model, tokenizer, None, **options)
+        return self
+
+    def _setup(self, model, tokenizer, model_dir, *, kv_cache_pages=None, page_size=16,
+               kv_dtype="float32", max_num_seqs=256, max_num_batched_tokens=2048,
+               enable_prefix_cache=True, seed=0, preemption_mode="recompute", swap_pages=0):
+        self.model = model
+        self.model_config = model.config
+        self.model_dir = model_dir
+        self.tokenizer = tokenizer
+        if kv_cache_pages is None:
+            probe = model.kv_cache_config(1, page_size, kv_dtype)
+            kv_cache_pages = default_num_pages(probe.bytes_per_page(), page_size, max_num_seqs,
+                                               self.model_config.max_position_embeddings)
+        cfg = model.kv_cache_config(kv_cache_pages, page_size, kv_dtype)
+        self.manager = PagedKVCacheManager(cfg, enable_prefix_cache=enable_prefix_cache,
+                                           swap_pages=swap_pages)
+        self.scheduler = Scheduler(self.manager, max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens,
+                                   preemption_mode=preemption_mode)
+        self._seeds = np.random.SeedSequence(seed)
+        self._requests = {}
+        self._counters = dict.fromkeys(("prompt_tokens", "generation_tokens", "num_steps"), 0)
+        self._timers = dict.fromkeys(("forward", "prefill_steps", "decode_steps"), 0.0)
+
+    # -- requests --------------------------------------------------------------------------
+    def add_request(self, request_id, prompt, params=None):
+        """Queue a request. ``prompt``: text, a list of token ids, or
+        ``{"prompt_token_ids": [...]}``; ``params``: :class:`SamplingParams` (None: the
+        defaults). Raises, with nothing changed: TypeError for bad types; ValueError for
+        a duplicate id, an empty prompt, a token id outside the vocabulary, text without
+        a tokenizer, stop strings without a tokenizer, prompt + max_tokens beyond the
+        model's context, a sequence larger than the KV pool or n above max_num_seqs."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.n > self.scheduler.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds max_num_seqs={self.scheduler.max_num_seqs}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer (the model has no tokenizer.json)")
+        mc = self.model_config
+        text, ids = parse_prompt(prompt, self.tokenizer, mc.vocab_size)
+        n_prompt = int(ids.shape[0])
+        ctx = mc.max_position_embeddings
+        max_tokens = params.max_tokens if params.max_tokens is not None else ctx - n_prompt
+        if n_prompt + max_tokens > ctx or max_tokens < 1:
+            raise ValueError(f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds "
+                             f"the model's context of {ctx} tokens (max_position_embeddings)")
+        ps = self.manager.block_size()
+        pages = -(-(n_prompt + max_tokens) // ps)
+        if pages > self.manager.total_blocks():
+            raise ValueError(f"a sequence of {n_prompt + max_tokens} tokens needs {pages} KV "
+                             f"pages, the pool has {self.manager.total_blocks()} "
+                             f"(kv_cache_pages)")
+        req = Request(request_id, text, ids, params, max_tokens,
+                      StopChecker(params, mc.eos_token_ids, max_tokens))
+        rngs = self._rngs(params)
+        for i in range(params.n):
+            detok = self.tokenizer.detokenizer(req.prompt_token_ids) if self.tokenizer else None
+            req.seqs.append(Sequence(req, i, rngs[i] if rngs else None, detok))
+        self._requests[request_id] = req
+        self.scheduler.add(req.seqs[0])
+
+    def _rngs(self, params):
+        if params.greedy:
+            return None
+        if params.seed is not None:
+            return [np.random.default_rng([params.seed, i]) for i in range(params.n)]
+        return [np.random.default_rng(s) for s in self._seeds.spawn(params.n)]
+
+    def abort_request(self, request_id):
+        """Stop one request (a str) or several (an iterable of str) and free their pages
+        at once; unknown ids are ignored. No output is produced for them."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            req = self._requests.pop(rid, None) if isinstance(rid, str) else None
+            if req is None:
+                continue
+            for seq in req.seqs:
+                if seq.status != SeqStatus.FINISHED:
+                    self.scheduler.free(seq)
+                    seq.finish_reason = "abort"
+
+    def has_unfinished_requests(self):
+        """True while any request is queued or running."""
+        return bool(self._requests)
+
+    def get_num_unfinished_requests(self):
+        """Requests queued or running."""
+        return len(self._requests)
+
+    # -- the step ------------------------------------------------------------------------------
+    def step(self):
+        """Run one scheduler step (one model forward) and return a cumulative
+        :class:`RequestOutput` for every request that got a token or finished."""
+        t0 = time.perf_counter()
+        sched = self.scheduler
+        batch = sched.schedule()
+        if not len(batch):
+            return []
+        mgr = self.manager
+        handles = [s.handle for s in batch.seqs]
+        q_lens = batch.q_lens
+        token_ids = batch.token_ids()
+        try:
+            slots = mgr.prepare_step(handles, q_lens)
+        except PoolExhaustedError:   # a copy-on-write copy found no page: retry smaller
+            sched.rollback(batch)
+            sched.preempt_last()
+            return []
+        t1 = time.perf_counter()
+        logits = self.model.forward(mgr.store.pages(), token_ids, slots)
+        self._timers["forward"] += time.perf_counter() - t1
+        mgr.commit_step(handles, q_lens)
+        outputs = self._process(batch, logits)
+        c = self._counters
+        c["num_steps"] += 1
+        c["prompt_tokens"] += int(token_ids.shape[0]) - batch.num_decodes
+        kind = "decode_steps" if batch.num_decodes == len(batch) else "prefill_steps"
+        self._timers[kind] += time.perf_counter() - t0
+        return outputs
+
+    def _process(self, batch, logits):
+        """Advance the sequences, sample where a prompt or decode row is complete, fork
+        siblings, check stops; returns the outputs."""
+        rows, seqs = [], []
+        for b, (seq, q) in enumerate(zip(batch.seqs, batch.q_lens.tolist())):
+            seq.num_computed += q
+            if seq.num_computed == seq.total_len():
+                rows.append(b)
+                seqs.append(seq)
+                if seq.index == 0 and not seq.output and seq.request.params.n > 1:
+                    self._fork_siblings(seq, b, rows, seqs)
+        if not rows:
+            return []
+        greedy_rows = [i for i, s in enumerate(seqs) if s.rng is None]
+        best = sampler.greedy(logits, [rows[i] for i in greedy_rows]).tolist() \
+            if greedy_rows else []
+        best = dict(zip(greedy_rows, best))
+        touched = {}
+        for i, (b, seq) in enumerate(zip(rows, seqs)):
+            params = seq.request.params
+            tok = best.get(i)
+            if tok is None:
+                tok = sampler.sample_row(logits[b], params, seq.rng)
+            lp = None if params.logprobs is None else \
+                sampler.token_logprobs(logits[b], tok, params.logprobs)
+            seq.append_token(tok, lp)
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq)
+            touched[seq.request.request_id] = seq.request
+        self._counters["generation_tokens"] += len(rows)
+        self.scheduler.drop_finished()
+        outputs = []
+        for rid, req in touched.items():
+            out = req.output()
+            if out.finished:
+                del self._requests[rid]
+            outputs.append(out)
+        return outputs
+
+    def _fork_siblings(self, seq, row, rows, seqs):
+        """Completions 1..n-1 share completion 0's prompt pages (copy-on-write) and draw
+        their first token from the same logits row."""
+        for sib in seq.request.seqs[1:]:
+            if sib.status != SeqStatus.FORK_PENDING:
+                continue
+            sib.handle = self.manager.fork(seq.handle, sib.seq_id)
+            sib.num_computed = seq.num_computed
+            self.scheduler.add_running(sib)
+            rows.append(row)
+            seqs.append(sib)
+
+    # -- introspection ---------------------------------------------------------------------------
+    def stats(self):
+        """An :class:`EngineStats` snapshot."""
+        ms = self.manager.stats()
+        s = self.scheduler
+        c = self._counters
+        return EngineStats(
+            num_running=len(s.running), num_waiting=len(s.waiting), num_swapped=len(s.swapped),
+            kv_pages_total=ms.total_blocks, kv_pages_used=ms.used_blocks,
+            kv_pages_free=ms.free_blocks, prefix_cache_queries=ms.prefix_queries,
+            prefix_cache_hits=ms.prefix_hits, num_preemptions=s.num_preemptions,
+            prompt_tokens=c["prompt_tokens"], generation_tokens=c["generation_tokens"],
+            peak_kv_pages_used=ms.peak_used_blocks, num_steps=c["num_steps"],
+            forward_seconds=self._timers["forward"],
+            prefill_step_seconds=self._timers["prefill_steps"],
+            decode_step_seconds=self._timers["decode_steps"])
+
+
+def _check_options(*, kv_cache_pages=None, page_size=16, kv_dtype="float32", max_num_seqs=256,
+                   max_num_batched_tokens=2048, enable_prefix_cache=True, seed=0,
+                   preemption_mode="recompute", swap_pages=0):
+    if kv_cache_pages is not None:
+        _positive(kv_cache_pages, "kv_cache_pages")
+    _positive(page_size, "page_size")
+    _positive(max_num_seqs, "max_num_seqs")
+    _positive(max_num_batched_tokens, "max_num_batched_tokens")
+    _validate.check_count(swap_pages, "swap_pages")
+    _validate.check_count(seed, "seed")
+    if not isinstance(kv_dtype, str):
+        raise TypeError(f"kv_dtype must be a str, got {type(kv_dtype).__name__}")
+    if not isinstance(enable_prefix_cache, (bool, np.bool_)):
+        raise TypeError("enable_prefix_cache must be a bool")
+    if preemption_mode not in _PREEMPTION_MODES:
+        raise ValueError(f"preemption_mode must be one of {_PREEMPTION_MODES}, "
+                         f"got {preemption_mode!r}")

@@ -1,0 +1,255 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens each.
+
+One step is one flat batch under a token budget (``max_num_batched_tokens``) and a
+sequence cap (``max_num_seqs``), vLLM v1 style: the running sequences first (each
+decode costs one token; a prompt still being prefilled takes what budget is left, so a
+long prompt is split across steps), then swapped-out sequences coming back, then new
+ones from the waiting queue. In the batch, decode rows come first, then prefill chunks.
+
+When the page pool cannot hold the next step, the lowest-priority running sequence
+(the last admitted) is preempted: by recompute (its pages are freed and it goes back
+to the front of the waiting queue with its prompt plus generated tokens as the new
+prompt; the prefix cache usually still holds most of it) or, with
+``preemption_mode="swap"`` and room in the swap pool, by swap-out (its pages are copied
+to the swap pool and come back bit-exact). Either way its output does not change.
+"""
+from collections import deque
+
+import numpy as np
+
+from pagedcy.engine.sequence import SeqStatus
+from pagedcy.errors import PoolExhaustedError
+from pagedcy.serving.manager import AllocationRequest
+
+__all__ = ["Scheduler", "ScheduledBatch"]
+
+
+class ScheduledBatch:
+    """One step's work: ``seqs`` (decode rows first, then prefill chunks) and
+    ``q_lens`` int32 ``[len(seqs)]`` (new tokens of each); ``num_decodes`` leading
+    rows are decodes (q_len 1)."""
+
+    __slots__ = ("seqs", "q_lens", "num_decodes")
+
+    def __init__(self, scheduled):
+        dec = [s for s, q in scheduled if s.is_decoding()]
+        pre = [(s, q) for s, q in scheduled if not s.is_decoding()]
+        self.num_decodes = len(dec)
+        self.seqs = dec + [s for s, _ in pre]
+        self.q_lens = np.ones(len(self.seqs), dtype=np.int32)
+        if pre:
+            self.q_lens[len(dec):] = [q for _, q in pre]
+
+    def __len__(self):
+        return len(self.seqs)
+
+    def token_ids(self):
+        """The flat model input, int32 ``[sum(q_lens)]``."""
+        nd = self.num_decodes
+        if nd == len(self.seqs):
+            return np.fromiter((s.output[-1] for s in self.seqs), np.int32, nd)
+        out = np.empty(int(self.q_lens.sum()), dtype=np.int32)
+        out[:nd] = [s.output[-1] for s in self.seqs[:nd]]
+        pos = nd
+        for s, q in zip(self.seqs[nd:], self.q_lens[nd:].tolist()):
+            out[pos:pos + q] = s.tokens[s.num_computed:s.num_computed + q]
+            pos += q
+        return out
+
+
+class Scheduler:
+    """Queues of sequences over one :class:`PagedKVCacheManager`.
+
+    Scheduler(manager, *, max_num_seqs, max_num_batched_tokens, preemption_mode):
+    ``preemption_mode`` "recompute" or "swap" (swap falls back to recompute when the
+    swap pool is full or absent).
+    """
+
+    def __init__(self, manager, *, max_num_seqs, max_num_batched_tokens, preemption_mode):
+        self.manager = manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.preemption_mode = preemption_mode
+        self.page_size = manager.block_size()
+        self.waiting = deque()
+        self.running = []
+        self.swapped = deque()
+        self.num_preemptions = 0
+        # Pages left free while admitting new work next to running sequences, so their
+        # next decode pages do not force an immediate preemption (vLLM's watermark).
+        self.watermark = max(1, manager.total_blocks() // 100)
+
+    # -- queues ------------------------------------------------------------------------
+    def add(self, seq):
+        """Queue a new sequence for prefill."""
+        self.waiting.append(seq)
+
+    def add_running(self, seq):
+        """A sequence forked from a running one (it holds shared pages already)."""
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+
+    def num_running(self):
+        """Sequences holding pages in the pool."""
+        return len(self.running)
+
+    def has_work(self):
+        """True while any sequence is queued, running or swapped out."""
+        return bool(self.waiting or self.running or self.swapped)
+
+    def free(self, seq):
+        """Release a sequence's pages (swap pages too); it leaves every queue at the
+        next :meth:`drop_finished` (running) or now (waiting / swapped)."""
+        if seq.handle is not None:
+            self.manager.deallocate(seq.handle)
+            seq.handle = None
+        if seq.status == SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        elif seq.status == SeqStatus.SWAPPED:
+            self.swapped.remove(seq)
+        elif seq.status == SeqStatus.RUNNING:
+            self.running.remove(seq)
+        seq.status = SeqStatus.FINISHED
+
+    def finish(self, seq):
+        """Release a running sequence that just finished (removed by drop_finished)."""
+        if seq.handle is not None:
+            self.manager.deallocate(seq.handle)
+            seq.handle = None
+        seq.status = SeqStatus.FINISHED
+
+    def drop_finished(self):
+        """Remove finished sequences from the running list (once per step)."""
+        self.running = [s for s in self.running if s.status == SeqStatus.RUNNING]
+
+    # -- page accounting -----------------------------------------------------------------
+    def _pages_needed(self, seq, q, ref_counts):
+        """New pages ``seq`` needs for ``q`` more tokens: blocks past its table, plus one
+        when the first block written is shared (its copy-on-write copy)."""
+        h = seq.handle
+        ps = self.page_size
+        nb = h.num_blocks()
+        need = max(0, -(-(seq.num_computed + q) // ps) - nb)
+        first = seq.num_computed // ps
+        if first < nb and ref_counts[h.block_table()[first]] > 1:
+            need += 1
+        return need
+
+    def _preempt(self, seq):
+        """Take ``seq`` out of the pool: swap it out when allowed and possible, else free
+        it for recomputation."""
+        mgr = self.manager
+        h = seq.handle
+        h.set_num_tokens(seq.num_computed)
+        self.num_preemptions += 1
+        if self.preemption_mode == "swap" and mgr.swap_free_blocks() >= h.num_blocks():
+            try:
+                mgr.swap_out(h)
+            except PoolExhaustedError:
+                pass
+            else:
+                seq.status = SeqStatus.SWAPPED
+                # victims leave lowest priority first: the last one out is the first back
+                self.swapped.appendleft(seq)
+                return
+        mgr.deallocate(h)
+        seq.reset_for_recompute()
+        self.waiting.appendleft(seq)
+
+    def preempt_last(self):
+        """Preempt the lowest-priority running sequence (after a failed step)."""
+        if self.running:
+            self._preempt(self.running.pop())
+
+    # -- the step --------------------------------------------------------------------------
+    def schedule(self):
+        """Choose this step's :class:`ScheduledBatch`; handles are extended by their
+        q_lens (``manager.extend``), so ``prepare_step`` can run next."""
+        mgr = self.manager
+        budget = self.max_num_batched_tokens
+        scheduled = []
+        preempted = False
+        ref_counts = mgr.pool.ref_counts()
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            q = min(seq.pending(), budget)
+            need = self._pages_needed(seq, q, ref_counts)
+            while need > mgr.free_blocks():
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                mgr.extend(seq.handle, q)
+                scheduled.append((seq, q))
+                budget -= q
+                i += 1
+                continue
+            break
+        if not preempted:
+            budget = self._resume_swapped(scheduled, budget)
+            if not self.swapped:
+                self._admit_waiting(scheduled, budget)
+        return ScheduledBatch(scheduled)
+
+    def _resume_swapped(self, scheduled, budget):
+        mgr = self.manager
+        while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.swapped[0]
+            h = seq.handle
+            nb = h.num_blocks()
+            q = min(seq.pending(), budget)
+            grow = max(0, -(-(seq.num_computed + q) // self.page_size) - nb)
+            reserve = self.watermark if self.running else 0
+            if nb + grow + reserve > mgr.free_blocks():
+                break
+            mgr.swap_in(h)
+            self.swapped.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            mgr.extend(h, q)
+            scheduled.append((seq, q))
+            budget -= q
+        return budget
+
+    def _admit_waiting(self, scheduled, budget):
+        mgr = self.manager
+        ps = self.page_size
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            # completion 0 of a request with n > 1 brings its siblings at its first token
+            seats = 1 + sum(1 for s in seq.request.seqs if s.status == SeqStatus.FORK_PENDING)
+            if len(self.running) + seats > self.max_num_seqs:
+                break
+            req = AllocationRequest(request_id=seq.seq_id, prompt_tokens=seq.tokens,
+                                    max_sequence_length=seq.request.prompt_len
+                                    + seq.request.max_tokens)
+            if not mgr.can_allocate(req):
+                break
+            # (counting the whole prompt: an upper bound when the prefix cache hits)
+            if self.running and mgr.free_blocks() - (-(-seq.tokens.shape[0] // ps)) \
+                    < self.watermark:
+                break
+            h = mgr.allocate(req)
+            self.waiting.popleft()
+            cached = h.num_cached_tokens()
+            h.set_num_tokens(cached)
+            seq.handle = h
+            seq.num_computed = cached
+            if seq.index == 0 and not seq.output:
+                seq.request.num_cached_tokens = cached
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            q = min(seq.pending(), budget)
+            mgr.extend(h, q)
+            scheduled.append((seq, q))
+            budget -= q
+
+    def rollback(self, batch):
+        """Undo :meth:`schedule`'s extensions (the step did not run)."""
+        for seq in batch.seqs:
+            if seq.handle is not None:
+                seq.handle.set_num_tokens(seq.num_computed)

@@ -1,0 +1,186 @@
+"""ModelConfig: what pagedcy needs from a checkpoint's config.json (and generation_config.json)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+__all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "SUPPORTED_ROPE_TYPES"]
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Geometry and options of a supported decoder-only checkpoint.
+
+    ``rope_scaling`` is the RoPE scaling dict (with ``rope_type``) or None for plain RoPE.
+    ``sliding_window`` is the window in tokens (a query sees itself and the
+    ``sliding_window - 1`` tokens before it, as transformers masks it) or None;
+    ``sliding_layers[i]`` says whether layer ``i`` uses it. ``attention_bias`` means q/k/v
+    projections carry biases, ``o_proj_bias`` the output projection, ``mlp_bias`` the MLP.
+    """
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    sliding_window: int | None
+    tie_word_embeddings: bool
+    attention_bias: bool
+    qk_norm: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    o_proj_bias: bool = False
+    mlp_bias: bool = False
+    sliding_layers: tuple[bool, ...] = ()
+
+    def window_left(self, layer: int) -> int:
+        """The attention kernel's ``window_left`` for ``layer``: -1 (none) or window - 1."""
+        if self.sliding_window is not None and self.sliding_layers and self.sliding_layers[layer]:
+            return self.sliding_window - 1
+        return -1
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike) -> "ModelConfig":
+        """Read ``config.json`` (and ``generation_config.json`` when present) in ``path``.
+        FileNotFoundError if config.json is missing, ValueError for an unsupported or
+        malformed config (naming the field)."""
+        cfg_path = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_path):
+            raise FileNotFoundError(f"no config.json in {os.fspath(path)!r}")
+        raw = _read_json(cfg_path)
+        gen_path = os.path.join(path, "generation_config.json")
+        gen = _read_json(gen_path) if os.path.isfile(gen_path) else {}
+        return cls.from_dict(raw, gen)
+
+    @classmethod
+    def from_dict(cls, raw: dict, generation: dict | None = None) -> "ModelConfig":
+        """Build from a parsed config.json dict (and generation_config.json dict)."""
+        archs = raw.get("architectures") or []
+        arch = archs[0] if isinstance(archs, list) and archs else None
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {arch!r} (config.json 'architectures'); "
+                             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        hidden = _int(raw, "hidden_size")
+        heads = _int(raw, "num_attention_heads")
+        kv_heads = _int(raw, "num_key_value_heads", heads)
+        head_dim = raw.get("head_dim") or hidden // heads
+        head_dim = _int({"head_dim": head_dim}, "head_dim")
+        if heads % kv_heads:
+            raise ValueError(f"num_attention_heads ({heads}) must be a multiple of "
+                             f"num_key_value_heads ({kv_heads})")
+        if head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {head_dim}")
+        layers = _int(raw, "num_hidden_layers")
+        act = raw.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ValueError(f"unsupported hidden_act {act!r}; supported: silu")
+        theta, scaling = _rope(raw)
+        window, sliding = _sliding(raw, arch, layers)
+        bias = bool(raw.get("attention_bias", False))
+        gen = generation or {}
+        eos = gen.get("eos_token_id", raw.get("eos_token_id"))
+        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None)
+        bos = gen.get("bos_token_id", raw.get("bos_token_id"))
+        return cls(
+            architecture=arch, vocab_size=_int(raw, "vocab_size"), hidden_size=hidden,
+            num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+            intermediate_size=_int(raw, "intermediate_size"),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=_int(raw, "max_position_embeddings", 2048),
+            sliding_window=window, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=(arch == "Qwen2ForCausalLM") or (bias and arch != "MistralForCausalLM"),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            bos_token_id=None if bos is None else int(bos), eos_token_ids=eos_ids,
+            o_proj_bias=bias and arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"),
+            mlp_bias=bool(raw.get("mlp_bias", False)) and arch == "LlamaForCausalLM",
+            sliding_layers=sliding)
+
+    def num_parameters(self) -> int:
+        """Parameter count of the checkpoint (tied embeddings counted once)."""
+        h, d, i = self.hidden_size, self.head_dim, self.intermediate_size
+        qkv = (self.num_heads + 2 * self.num_kv_heads) * d
+        per_layer = h * qkv + self.num_heads * d * h + 3 * h * i + 2 * h
+        per_layer += qkv if self.attention_bias else 0
+        per_layer += h if self.o_proj_bias else 0
+        per_layer += 2 * i + h if self.mlp_bias else 0
+        per_layer += 2 * d if self.qk_norm else 0
+        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + emb + h
+
+
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return data
+
+
+def _int(raw, key, default=None):
+    v = raw.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"config.json field {key!r} must be a positive integer, got {v!r}")
+    return v
+
+
+def _rope(raw):
+    """(rope_theta, scaling dict or None) from either transformers 5's ``rope_parameters``
+    or the older ``rope_theta`` + ``rope_scaling`` fields."""
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"rope_scaling must be an object, got {params!r}")
+    if params and all(isinstance(v, dict) for v in params.values()):
+        raise ValueError("per-layer-type RoPE parameters are not supported")
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"unsupported rope_scaling type {rope_type!r}; "
+                         f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    if float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise ValueError("partial_rotary_factor != 1 is not supported")
+    if rope_type == "default":
+        return theta, None
+    scaling = {k: v for k, v in params.items() if k not in ("type", "rope_theta")}
+    scaling["rope_type"] = rope_type
+    scaling.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings"))
+    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        if not isinstance(scaling.get(key), (int, float)) or isinstance(scaling.get(key), bool):
+            raise ValueError(f"rope_scaling type 'llama3' needs a number {key!r}")
+    return theta, scaling
+
+
+def _sliding(raw, arch, layers):
+    """(window or None, per-layer flags) following transformers' rules per architecture."""
+    window = raw.get("sliding_window")
+    if arch == "LlamaForCausalLM":
+        return None, (False,) * layers
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and not raw.get("use_sliding_window", False):
+        window = None
+    if window is None:
+        return None, (False,) * layers
+    window = _int({"sliding_window": window}, "sliding_window")
+    if arch == "MistralForCausalLM":
+        return window, (True,) * layers
+    types = raw.get("layer_types")
+    if types is None:
+        first = raw.get("max_window_layers", 28)
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    if len(types) != layers:
+        raise ValueError(f"layer_types has {len(types)} entries for {layers} layers")
+    return window, tuple(t == "sliding_attention" for t in types)

@@ -1,0 +1,153 @@
+"""CausalLM: the decoder-only forward pass over a flat varlen batch on the paged KV cache."""
+from __future__ import annotations
+
+import numpy as np
+
+from pagedcy.config import PagedKVCacheConfig
+from pagedcy._libs._attention import batch_paged_attention
+from pagedcy._libs._layers import qkv_rope, rms_norm, silu_mul
+from pagedcy._libs._manager_ops import write_token_rows
+from pagedcy._libs._threads import resolve_num_threads
+from pagedcy.models.config import ModelConfig
+from pagedcy.models.layers import LayerWeights
+from pagedcy.models.pages import PagesAdapter
+from pagedcy.models.rope import RopeTable
+from pagedcy.models.workspace import Workspace
+
+__all__ = ["CausalLM"]
+
+# Positions past this are refused rather than growing the RoPE tables without bound.
+MAX_POSITION = 1 << 24
+
+
+def _i32(x, name, shape):
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array, got dtype {a.dtype}")
+    if a.ndim != len(shape) or any(want >= 0 and got != want for got, want in zip(a.shape, shape)):
+        want = "[" + ", ".join("?" if w < 0 else str(w) for w in shape) + "]"
+        raise ValueError(f"{name} must have shape {want}, got {list(a.shape)}")
+    if a.dtype != np.int32:
+        if a.size and (a.min() < -2**31 or a.max() >= 2**31):
+            raise ValueError(f"{name} holds values outside int32")
+        a = a.astype(np.int32)
+    return np.ascontiguousarray(a)
+
+
+class CausalLM:
+    """A loaded checkpoint: ``config`` (ModelConfig), weights in float32, and ``forward``.
+
+    Build with :func:`pagedcy.models.load_model`. ``weight_bytes`` is the RAM its weights take
+    (4 bytes per parameter; tied embeddings stored once).
+    """
+
+    def __init__(self, config: ModelConfig, embed: np.ndarray | None, layers: list[LayerWeights],
+                 final_norm: np.ndarray, lm_head: np.ndarray, *, num_threads=None):
+        self.config = config
+        # embed [vocab, hidden]; None when tied: rows are then gathered from lm_head's columns.
+        self._embed = embed
+        self._layers = layers
+        self._final_norm = final_norm
+        self._lm_head = lm_head  # [hidden, vocab], C-contiguous
+        self._nt = resolve_num_threads(num_threads)
+        self._rope = RopeTable(config)
+        self._ws = Workspace(config)
+        self._pages = PagesAdapter(config.num_layers, config.num_kv_heads, config.head_dim)
+        arrays = [final_norm, lm_head] + ([embed] if embed is not None else [])
+        self.weight_bytes = sum(a.nbytes for a in arrays) + sum(l.nbytes() for l in layers)
+
+    @property
+    def num_threads(self) -> int:
+        """Threads the attention kernel and the row kernels use."""
+        return self._nt
+
+    def kv_cache_config(self, max_pages: int, page_size: int = 16,
+                        dtype="float32") -> PagedKVCacheConfig:
+        """The paged KV cache geometry this model writes and reads."""
+        c = self.config
+        return PagedKVCacheConfig(page_size=page_size, max_pages=max_pages, num_layers=c.num_layers,
+                                  num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=dtype)
+
+    def _check(self, token_ids, slots):
+        """Validate one step's inputs; returns them as int32 C-contiguous arrays."""
+        ids = _i32(token_ids, "token_ids", (-1,))
+        n = ids.shape[0]
+        if n == 0:
+            raise ValueError("token_ids must not be empty")
+        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.config.vocab_size})")
+        pos = _i32(slots.positions, "positions", (n,))
+        pages = _i32(slots.slot_pages, "slot_pages", (n,))
+        offs = _i32(slots.slot_offsets, "slot_offsets", (n,))
+        indptr = np.asarray(slots.qo_indptr)
+        b = indptr.shape[0] - 1 if indptr.ndim == 1 else -1
+        if b < 1:
+            raise ValueError("qo_indptr must be 1-D with at least 2 entries")
+        indptr = _i32(indptr, "qo_indptr", (b + 1,))
+        if indptr[0] != 0 or indptr[-1] != n or np.any(np.diff(indptr) < 1):
+            raise ValueError(f"qo_indptr must start at 0, end at {n} and give every sequence >= 1 row")
+        lens = _i32(slots.kv_lens, "kv_lens", (b,))
+        tables = _i32(slots.block_tables, "block_tables", (b, -1))
+        if pos.min() < 0 or pos.max() >= MAX_POSITION:
+            raise ValueError(f"positions must be in [0, {MAX_POSITION})")
+        if np.any(pos[indptr[1:] - 1] != lens - 1):
+            raise ValueError("each sequence's last position must be its kv_len - 1")
+        return ids, pos, pages, offs, indptr, lens, tables
+
+    def _embed_rows(self, ids, out):
+        if self._embed is not None:
+            np.take(self._embed, ids, axis=0, out=out)
+        else:
+            out[...] = self._lm_head[:, ids].T
+
+    def forward(self, kv_pages, token_ids, slots) -> np.ndarray:
+        """Run all layers on ``token_ids`` (int32 ``[N]``) laid out by ``slots`` (StepSlots:
+        positions/slot_pages/slot_offsets ``[N]``, qo_indptr ``[B+1]``, block_tables
+        ``[B, W]``, kv_lens ``[B]``), writing each token's K/V into its slot of ``kv_pages``
+        (a store's ``pages()`` array for this model's geometry), and return float32
+        ``[B, vocab_size]`` logits of each sequence's last row. The result is a reused
+        buffer, valid until the next call. TypeError/ValueError/IndexError for bad input
+        (nothing is written when the slots or token ids are invalid)."""
+        ids, pos, pages, offs, indptr, lens, tables = self._check(token_ids, slots)
+        store = self._pages.store_for(kv_pages)
+        ps, maxp = kv_pages.shape[3], kv_pages.shape[0]
+        if pages.min() < 0 or pages.max() >= maxp or offs.min() < 0 or offs.max() >= ps:
+            raise IndexError(f"slot pages must be in [0, {maxp}) and offsets in [0, {ps})")
+        n, b = ids.shape[0], lens.shape[0]
+        c, ws, nt = self.config, self._ws, self._nt
+        ws.ensure(n, b)
+        self._rope.ensure(int(pos.max()))
+        cos, sin = self._rope.cos, self._rope.sin
+        eps, H, Hk = c.rms_norm_eps, c.num_heads, c.num_kv_heads
+        resid, normed, delta = ws.residual[:n], ws.normed[:n], ws.delta[:n]
+        qkv, q, k, v = ws.qkv[:n], ws.q[:n], ws.k[:n], ws.v[:n]
+        attn, gate_up, act = ws.attn[:n], ws.gate_up[:n], ws.act[:n]
+        attn2d = attn.reshape(n, -1)
+        self._embed_rows(ids, resid)
+        for li, lw in enumerate(self._layers):
+            if li == 0:
+                rms_norm(resid, lw.input_norm, eps, normed, None, nt)
+            else:
+                rms_norm(delta, lw.input_norm, eps, normed, resid, nt)
+            np.matmul(normed, lw.w_qkv, out=qkv)
+            qkv_rope(qkv, pos, cos, sin, q, k, v, H, Hk, lw.qkv_bias, lw.q_norm, lw.k_norm, eps, nt)
+            write_token_rows(store, pages, offs, li, k, v)
+            batch_paged_attention(q, indptr, kv_pages, li, tables, lens,
+                                  window_left=lw.window_left, out=attn, num_threads=nt)
+            np.matmul(attn2d, lw.w_o, out=delta)
+            if lw.o_bias is not None:
+                delta += lw.o_bias
+            rms_norm(delta, lw.post_norm, eps, normed, resid, nt)
+            np.matmul(normed, lw.w_gate_up, out=gate_up)
+            if lw.gate_up_bias is not None:
+                gate_up += lw.gate_up_bias
+            silu_mul(gate_up, act, nt)
+            np.matmul(act, lw.w_down, out=delta)
+            if lw.down_bias is not None:
+                delta += lw.down_bias
+        last_rows = indptr[1:] - 1
+        last, hn, logits = ws.last[:b], ws.last_normed[:b], ws.logits[:b]
+        np.take(resid, last_rows, axis=0, out=last)
+        rms_norm(np.take(delta, last_rows, axis=0), self._final_norm, eps, hn, last, nt)
+        np.matmul(hn, self._lm_head, out=logits)
+        return logits

@@ -1,0 +1,49 @@
+"""A KVPageStore over a caller's page array, so the model can use the core's nogil writers."""
+from __future__ import annotations
+
+import numpy as np
+
+from pagedcy import dtypes as _dtypes
+from pagedcy.config import PagedKVCacheConfig
+from pagedcy._libs._store import KVPageStore
+
+__all__ = ["PagesAdapter"]
+
+
+class PagesAdapter:
+    """Wraps a ``pages()`` array (``[max_pages, num_layers, 2, page_size, num_kv_heads,
+    head_dim]``, C-contiguous float32/float16/bfloat16) in a :class:`KVPageStore` sharing its
+    memory, rebuilt only when a different array comes in."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int):
+        self.geometry = (num_layers, 2, num_kv_heads, head_dim)
+        self._key = None
+        self._store = None
+        self._pages = None
+
+    def store_for(self, kv_pages) -> KVPageStore:
+        """The store viewing ``kv_pages``. TypeError/ValueError for a wrong array."""
+        if not isinstance(kv_pages, np.ndarray):
+            raise TypeError(f"kv_pages must be a numpy array, got {type(kv_pages).__name__}")
+        key = (kv_pages.__array_interface__["data"][0], kv_pages.shape, kv_pages.dtype.str,
+               kv_pages.dtype.name)
+        if key == self._key:
+            return self._store
+        L, two, hk, d = self.geometry
+        s = kv_pages.shape
+        if kv_pages.ndim != 6 or (s[1], s[2], s[4], s[5]) != (L, two, hk, d):
+            raise ValueError(f"kv_pages must have shape [max_pages, {L}, 2, page_size, {hk}, {d}] "
+                             f"for this model, got {list(s)}")
+        if not kv_pages.flags.c_contiguous or not kv_pages.flags.writeable:
+            raise ValueError("kv_pages must be C-contiguous and writable")
+        dt = "bfloat16" if kv_pages.dtype == np.uint16 else kv_pages.dtype.name
+        try:
+            dt = _dtypes.normalize_dtype(dt)
+        except (TypeError, ValueError):
+            raise TypeError(f"kv_pages dtype {kv_pages.dtype} is not a KV storage dtype") from None
+        cfg = PagedKVCacheConfig(page_size=s[3], max_pages=s[0], num_layers=L, num_kv_heads=hk,
+                                 head_dim=d, dtype=dt)
+        self._store = KVPageStore(cfg, buffer=kv_pages)
+        self._pages = kv_pages  # keep the memory alive while the store views it
+        self._key = key
+        return self._store

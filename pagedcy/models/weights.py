@@ -1,0 +1,126 @@
+"""Reading a checkpoint's tensors (safetensors, single file or sharded) as float32 NumPy arrays.
+
+F32, F16 and BF16 tensors are supported. NumPy has no bfloat16: with ``ml_dtypes`` installed
+safetensors hands BF16 tensors over directly; without it, a file holding BF16 tensors is read
+through ``safetensors.deserialize`` as raw bytes and widened by a 16-bit shift.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+__all__ = ["CheckpointReader", "bf16_bits_to_f32"]
+
+SUPPORTED_DTYPES = ("F32", "F16", "BF16")
+
+
+def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    """Widen bfloat16 bit patterns (uint16, any shape) to float32 (exact)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _has_ml_dtypes():
+    try:
+        import ml_dtypes  # noqa: F401  (registers 'bfloat16' with NumPy)
+    except ImportError:
+        return False
+    return True
+
+
+class CheckpointReader:
+    """Tensors of a Hugging Face checkpoint directory by name, as float32.
+
+    ``model.safetensors`` or ``model.safetensors.index.json`` + shards. FileNotFoundError
+    when the directory has neither (or a shard is missing); ValueError for a corrupt file,
+    a missing tensor or an unsupported dtype, naming it.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        try:
+            from safetensors import safe_open
+        except ImportError as e:  # pragma: no cover - a declared dependency
+            raise ImportError("loading checkpoints needs the 'safetensors' package") from e
+        self._safe_open = safe_open
+        self.path = os.fspath(path)
+        self._handles: dict[str, object] = {}
+        self._raw: dict[str, dict] = {}
+        self._bf16_native = _has_ml_dtypes()
+        self._files = self._shard_map()
+
+    def _shard_map(self) -> dict[str, str]:
+        single = os.path.join(self.path, "model.safetensors")
+        index = os.path.join(self.path, "model.safetensors.index.json")
+        if os.path.isfile(single):
+            return {name: single for name in self._open(single).keys()}
+        if not os.path.isfile(index):
+            raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in "
+                                    f"{self.path!r}")
+        try:
+            with open(index, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+            files = {str(k): os.path.join(self.path, str(v)) for k, v in weight_map.items()}
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{index} is not a valid safetensors index: {e!r}") from None
+        for shard in sorted(set(files.values())):
+            if not os.path.isfile(shard):
+                raise FileNotFoundError(f"shard {shard!r} named by {index} is missing")
+        return files
+
+    def _open(self, file):
+        h = self._handles.get(file)
+        if h is None:
+            try:
+                h = self._safe_open(file, framework="numpy")
+            except Exception as e:  # SafetensorError is not exported as a stable class
+                raise ValueError(f"corrupt safetensors file {file!r}: {e}") from None
+            self._handles[file] = h
+        return h
+
+    def names(self) -> list[str]:
+        """All tensor names in the checkpoint."""
+        return list(self._files)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._files
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Shape of tensor ``name`` without reading it."""
+        return tuple(self._slice(name).get_shape())
+
+    def _slice(self, name):
+        if name not in self._files:
+            raise ValueError(f"tensor {name!r} is missing from the checkpoint in {self.path!r}")
+        return self._open(self._files[name]).get_slice(name)
+
+    def get(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """Tensor ``name`` as a float32 array, checked against ``shape`` when given."""
+        sl = self._slice(name)
+        dtype, got = sl.get_dtype(), tuple(sl.get_shape())
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"tensor {name!r} has dtype {dtype}; supported: "
+                             f"{', '.join(SUPPORTED_DTYPES)}")
+        if shape is not None and got != tuple(shape):
+            raise ValueError(f"tensor {name!r} has shape {list(got)}, expected {list(shape)}")
+        file = self._files[name]
+        try:
+            if dtype == "BF16" and not self._bf16_native:
+                arr = bf16_bits_to_f32(self._raw_tensor(file, name))
+            else:
+                arr = self._open(file).get_tensor(name)
+        except ValueError:
+            raise
+        except Exception as e:
+            raise ValueError(f"cannot read tensor {name!r} from {file!r}: {e}") from None
+        return np.ascontiguousarray(arr, dtype=np.float32)
+
+    def _raw_tensor(self, file, name):
+        raw = self._raw.get(file)
+        if raw is None:
+            from safetensors import deserialize
+            with open(file, "rb") as f:
+                raw = {k: v for k, v in deserialize(f.read())}
+            self._raw = {file: raw}  # one file's bytes at a time
+        entry = raw[name]
+        return np.frombuffer(entry["data"], dtype="<u2").reshape(entry["shape"])

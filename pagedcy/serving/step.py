@@ -1,0 +1,66 @@
+"""One engine step's token slots: where each new token's K/V goes and what attention reads.
+
+An engine step runs the model once over a flat, variable-length batch: B sequences, each
+contributing ``q_len`` new tokens (a prefill chunk or one decode row). :class:`StepSlots`
+carries everything that call needs from the cache manager as int32 arrays, computed with
+a handful of NumPy calls for the whole batch (no per-token Python).
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["StepSlots", "step_slots"]
+
+
+@dataclass(frozen=True)
+class StepSlots:
+    """Slots of one step's new tokens; every array is int32 and C-contiguous.
+
+    positions: ``[N]`` absolute position of each new token (N = sum of q_lens; sequences
+    in batch order, sequence b's tokens are ``kv_lens[b]-q_len .. kv_lens[b]-1``).
+    slot_pages, slot_offsets: ``[N]`` page id and in-page offset where token i's K/V go
+    (what ``pagedcy._libs._manager_ops.write_token_rows`` takes).
+    qo_indptr: ``[B+1]``; sequence b owns rows ``qo_indptr[b]:qo_indptr[b+1]``.
+    block_tables: ``[B, W]`` zero-padded page ids; kv_lens: ``[B]`` tokens each sequence
+    attends over (its ``num_tokens()``), as ``batch_paged_attention`` takes them.
+    """
+
+    positions: np.ndarray
+    slot_pages: np.ndarray
+    slot_offsets: np.ndarray
+    qo_indptr: np.ndarray
+    block_tables: np.ndarray
+    kv_lens: np.ndarray
+
+    @property
+    def num_tokens(self):
+        """N, the number of new tokens in the step."""
+        return int(self.positions.shape[0])
+
+    @property
+    def batch_size(self):
+        """B, the number of sequences in the step."""
+        return int(self.kv_lens.shape[0])
+
+
+def step_slots(block_tables, kv_lens, q_lens, page_size):
+    """:class:`StepSlots` of a batch whose sequence b adds its last ``q_lens[b]`` of
+    ``kv_lens[b]`` tokens. block_tables: int32 ``[B, W]``; kv_lens, q_lens: int64 ``[B]``
+    with ``1 <= q_lens <= kv_lens`` and ``kv_lens <= W * page_size`` (checked by the caller).
+    """
+    B = kv_lens.shape[0]
+    indptr = np.zeros(B + 1, dtype=np.int64)
+    np.cumsum(q_lens, out=indptr[1:])
+    n = int(indptr[-1])
+    seq = np.repeat(np.arange(B, dtype=np.intp), q_lens)
+    # token i of sequence b sits at kv_lens[b] - q_lens[b] + (i - indptr[b])
+    positions = np.arange(n, dtype=np.int64) + np.repeat(kv_lens - q_lens - indptr[:-1], q_lens)
+    pages = block_tables[seq, positions // page_size]
+    return StepSlots(
+        positions=positions.astype(np.int32),
+        slot_pages=np.ascontiguousarray(pages, dtype=np.int32),
+        slot_offsets=(positions % page_size).astype(np.int32),
+        qo_indptr=indptr.astype(np.int32),
+        block_tables=np.ascontiguousarray(block_tables, dtype=np.int32),
+        kv_lens=kv_lens.astype(np.int32),
+    )
