@@ -98,7 +98,15 @@ def gemm_only_seconds(cfg, n_tokens, n_seqs, repeats=3):
 
 
 def peak_rss_bytes():
-    """This process's peak resident set size in bytes (``ru_maxrss``)."""
+    """This process's peak resident set size in bytes: ``VmHWM`` from /proc/self/status
+    (``ru_maxrss`` elsewhere; on Linux that one keeps the parent's peak across fork + exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
     import sys
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
