@@ -46,7 +46,8 @@ def test_quick_run_prints_tables_that_parse():
     ours = dict((r[0], r) for r in a[1])["pagedcy LLM.generate"]
     assert float(ours[1]) > 0 and float(ours[2]) > 0
     # 8 requests x 16 tokens in the reported seconds
-    assert float(ours[2]) == pytest.approx(8 * 16 / float(ours[1]), rel=0.02)
+    secs = float(ours[1])
+    assert 8 * 16 / (secs + 5e-4) - 0.05 <= float(ours[2]) <= 8 * 16 / (secs - 5e-4) + 0.05
     assert [r[-1] for r in a[1][1:]] == ["--no-transformers"] * 2
     metrics = {r[0]: r for r in b[1]}
     for m in ("prefill tok/s", "generation tok/s (all sequences)", "total seconds",

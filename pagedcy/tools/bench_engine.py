@@ -276,7 +276,7 @@ def format_a(rows):
             out.append((name, "-", "-", "-", r.get("skipped") or r.get("error")))
             continue
         tps = r["new_tokens"] / r["seconds"]
-        out.append((name, f"{r['seconds']:.2f}", f"{tps:.1f}",
+        out.append((name, f"{r['seconds']:.3f}", f"{tps:.1f}",
                     f"{(r['prompt_tokens'] + r['new_tokens']) / r['seconds']:.0f}",
                     "1.00x" if r is ours else f"pagedcy {ours_tps / tps:.2f}x"))
     return _md(["row", "seconds", "output tok/s", "prompt+output tok/s", "vs pagedcy"], out)
