@@ -6,4 +6,66 @@
 - ``_manager_ops``: the batched row writes and block tables of the multi-sequence manager.
 - ``_threads``, ``_bandwidth``: OpenMP thread counts and the read-bandwidth yardstick.
 - ``src/``: the C kernels the extensions include.
+
+OpenMP wait policy. After a parallel region libgomp's workers spin for about 3 ms (LLVM's
+libomp for 200 ms) before they sleep. Between NumPy matmuls that spinning takes the cores
+OpenBLAS's own threads need, and each side slows the other several-fold (a Llama decode step
+of GEMMs and attention calls ran 84 ms instead of 12.5 ms on 2 cores;
+``asv_benches/interleave.py`` measures it). So, unless the user set ``OMP_WAIT_POLICY``,
+``GOMP_SPINCOUNT`` or ``KMP_BLOCKTIME``, importing pagedcy sets ``OMP_WAIT_POLICY=passive``
+before the first extension (and with it the OpenMP runtime) loads, and leaves it in
+``os.environ``, so child processes get it too. The runtime reads the variable only when it
+loads: if one with the same name was loaded earlier (``import torch`` before ``import pagedcy``
+loads torch's ``libgomp.so.1``, which pagedcy then shares), the setting cannot take effect,
+so pagedcy takes it back out of ``os.environ`` and :func:`wait_policy` says so. Import pagedcy
+first, or set ``OMP_WAIT_POLICY=passive`` yourself, to get the fast default then.
 """
+import os
+
+# what the OpenMP runtimes read once, at load: a user's value of any of them wins
+_USER_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+_OUR_VAR, _OUR_VALUE = "OMP_WAIT_POLICY", "passive"
+_RUNTIME_NAMES = ("libgomp", "libomp", "libiomp")
+
+
+def _openmp_runtimes(maps="/proc/self/maps"):
+    """Paths of the OpenMP runtimes mapped into this process, or None where that is unknown
+    (no /proc). Auditwheel-renamed copies (``libgomp-1a2b3c.so.1``) count too."""
+    try:
+        with open(maps) as f:
+            return {parts[5] for parts in (line.split(None, 5) for line in f)
+                    if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith(_RUNTIME_NAMES)}
+    except OSError:
+        return None
+
+
+_user_set = [f"{k}={os.environ[k]}" for k in _USER_VARS if k in os.environ]
+_runtimes_before = None if _user_set else _openmp_runtimes()
+if not _user_set:
+    os.environ[_OUR_VAR] = _OUR_VALUE
+
+from pagedcy._libs import _threads  # noqa: E402  (loads the OpenMP runtime under the policy above)
+
+
+def _settle():
+    if _user_set:
+        return "as set by the user: " + " ".join(_user_set)
+    if not _threads.openmp_enabled():
+        os.environ.pop(_OUR_VAR, None)
+        return "none (serial build)"
+    after = _openmp_runtimes()
+    if _runtimes_before and after is not None and not (after - _runtimes_before):
+        os.environ.pop(_OUR_VAR, None)   # it would claim a policy the runtime never read
+        return ("runtime default: an OpenMP runtime was loaded before pagedcy ("
+                + ", ".join(sorted(os.path.basename(p.strip()) for p in _runtimes_before))
+                + "); set OMP_WAIT_POLICY=passive before loading it, or import pagedcy first")
+    return f"{_OUR_VAR}={_OUR_VALUE} (set by pagedcy)"
+
+
+_WAIT_POLICY = _settle()
+
+
+def wait_policy():
+    """How the OpenMP runtime's idle threads wait, as text: the value pagedcy set, the user's
+    setting, or why the runtime's own default (spinning) is in force."""
+    return _WAIT_POLICY

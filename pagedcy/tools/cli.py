@@ -63,7 +63,10 @@ def main(argv=None):
         return bench_serve_main([a for a in argv[1:] if a != "--serve"])
     if argv[:1] == ["bench"]:
         # bench has its own parser; hand it everything (argparse.REMAINDER drops leading flags).
-        from pagedcy.tools.bench import main as bench_main
+        if "--engine" in argv:
+            from pagedcy.tools.bench_engine import main as bench_main
+        else:
+            from pagedcy.tools.bench import main as bench_main
         bench_main(argv[1:])
         return 0
     args = parser.parse_args(argv)

@@ -99,9 +99,10 @@ def huge_pages(path=THP_ENABLED):
 
 
 def config_dict():
-    """Build facts as a dict: version, CPU, OpenMP, threads, compiler flags, SIMD dispatch."""
+    """Build facts as a dict: version, CPU, OpenMP, threads and wait policy, compiler flags,
+    SIMD dispatch."""
     from pagedcy import __version__
-    from pagedcy._libs import _threads
+    from pagedcy._libs import _threads, wait_policy
     return {
         "pagedcy": __version__,
         "python": sys.version.split()[0],
@@ -114,6 +115,7 @@ def config_dict():
         "num_threads": _threads.resolve_num_threads(None),
         "build_flags": _threads.build_flags(),
         "simd": _threads.simd_path(),
+        "wait_policy": wait_policy(),
         "huge_pages": huge_pages(),
     }
 

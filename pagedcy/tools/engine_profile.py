@@ -1,0 +1,113 @@
+"""Where an engine step's time goes, the GEMM-only yardstick and peak memory.
+
+:class:`StepProfile` swaps timing wrappers into ``pagedcy.models.model``'s module globals (its
+``np.matmul``, ``batch_paged_attention`` and elementwise kernels) for the duration of a
+``with`` block, so a step splits into GEMM / attention / elementwise / the rest (Python,
+scheduling, sampling) without the model knowing. Each wrapper costs two ``perf_counter``
+calls, well under 1% of a step.
+"""
+import time
+
+import numpy as np
+
+# module globals of pagedcy.models.model, by the part of a step they belong to
+ELEMENTWISE = ("qkv_rope", "rms_norm", "silu_mul", "write_token_rows")
+ATTENTION = ("batch_paged_attention",)
+
+
+class _TimedNumpy:
+    """numpy with ``matmul`` timed into ``acc["gemm"]``; every other name passes through."""
+
+    def __init__(self, acc):
+        self._acc = acc
+
+    def matmul(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return np.matmul(*args, **kwargs)
+        finally:
+            self._acc["gemm"] += time.perf_counter() - t0
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+def _timed(fn, acc, key):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[key] += time.perf_counter() - t0
+    return wrapper
+
+
+class StepProfile:
+    """``with StepProfile() as prof: ...`` accumulates seconds in ``prof.acc`` under "gemm",
+    "attention" and "elementwise" for every model forward run inside the block."""
+
+    def __init__(self):
+        self.acc = {"gemm": 0.0, "attention": 0.0, "elementwise": 0.0}
+        self._saved = {}
+
+    def reset(self):
+        for k in self.acc:
+            self.acc[k] = 0.0
+
+    def __enter__(self):
+        from pagedcy.models import model as m
+        self._mod = m
+        self._saved = {name: getattr(m, name) for name in ("np",) + ATTENTION + ELEMENTWISE}
+        m.np = _TimedNumpy(self.acc)
+        for name in ATTENTION:
+            setattr(m, name, _timed(self._saved[name], self.acc, "attention"))
+        for name in ELEMENTWISE:
+            setattr(m, name, _timed(self._saved[name], self.acc, "elementwise"))
+        return self
+
+    def __exit__(self, *exc):
+        for name, fn in self._saved.items():
+            setattr(self._mod, name, fn)
+        return False
+
+
+def gemm_only_seconds(cfg, n_tokens, n_seqs, repeats=3):
+    """Best time NumPy's matmul alone takes for one forward's GEMMs: every layer's q|k|v,
+    o, gate|up and down projections on ``n_tokens`` rows plus the LM head on ``n_seqs`` rows,
+    float32, into preallocated outputs (the shapes ``CausalLM.forward`` multiplies)."""
+    rng = np.random.default_rng(0)
+    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * d
+    shapes = [(n_tokens, h, qkv), (n_tokens, cfg.num_heads * d, h), (n_tokens, h, 2 * inter),
+              (n_tokens, inter, h)]
+    # activations shared, weights distinct per layer (as in the model: they stream from memory)
+    acts = [(rng.standard_normal((m, k), dtype=np.float32), np.empty((m, n), np.float32))
+            for m, k, n in shapes]
+    ops = [(a, rng.standard_normal((k, n), dtype=np.float32), out)
+           for _ in range(cfg.num_layers) for (a, out), (m, k, n) in zip(acts, shapes)]
+    ops.append((rng.standard_normal((n_seqs, h), dtype=np.float32),
+                rng.standard_normal((h, cfg.vocab_size), dtype=np.float32),
+                np.empty((n_seqs, cfg.vocab_size), np.float32)))
+    best = float("inf")
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        for a, b, out in ops:
+            np.matmul(a, b, out=out)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def peak_rss_bytes():
+    """This process's peak resident set size in bytes: ``VmHWM`` from /proc/self/status
+    (``ru_maxrss`` elsewhere; on Linux that one keeps the parent's peak across fork + exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024

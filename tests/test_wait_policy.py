@@ -1,0 +1,89 @@
+"""The OpenMP wait policy pagedcy picks at import (pagedcy/_libs/__init__.py), each case in a
+fresh interpreter because the runtime reads its environment once, when it loads."""
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pagedcy._libs import _openmp_runtimes, _threads
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "OMP_DISPLAY_ENV")
+REPORT = ("import json, os, pagedcy, pagedcy._libs as L; "
+          "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), "
+          "L.wait_policy(), pagedcy.tools.info.config_dict()['wait_policy']]))")
+
+needs_openmp = pytest.mark.skipif(not _threads.openmp_enabled(), reason="serial build")
+
+
+def run(code, **env_add):
+    env = {k: v for k, v in os.environ.items() if k not in VARS}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(env_add)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def spincount_read(stderr):
+    """GOMP_SPINCOUNT as libgomp itself reports it under OMP_DISPLAY_ENV=verbose (None when
+    the runtime is not libgomp)."""
+    for line in stderr.splitlines():
+        if line.strip().startswith("GOMP_SPINCOUNT ="):
+            return line.split("=", 1)[1].strip().strip("'")
+    return None
+
+
+@needs_openmp
+def test_default_sets_passive_and_the_runtime_reads_it():
+    (policy, spin, text, shown), err = run(REPORT, OMP_DISPLAY_ENV="verbose")
+    assert policy == "passive" and spin is None
+    assert text == shown == "OMP_WAIT_POLICY=passive (set by pagedcy)"
+    read = spincount_read(err)
+    if read is not None:                  # libgomp: passive means no spinning at all
+        assert read == "0", err
+
+
+@needs_openmp
+@pytest.mark.parametrize("var, value", [("OMP_WAIT_POLICY", "active"), ("GOMP_SPINCOUNT", "1234"),
+                                        ("KMP_BLOCKTIME", "5")])
+def test_a_user_setting_wins(var, value):
+    (policy, spin, text, _), err = run(REPORT, OMP_DISPLAY_ENV="verbose", **{var: value})
+    assert text == f"as set by the user: {var}={value}"
+    assert policy == (value if var == "OMP_WAIT_POLICY" else None)   # nothing added beside it
+    if var == "GOMP_SPINCOUNT" and spincount_read(err) is not None:
+        assert spincount_read(err) == "1234"
+
+
+@needs_openmp
+def test_runtime_loaded_first_is_reported_and_the_variable_taken_back():
+    """What `import torch; import pagedcy` does: torch's libgomp.so.1 is loaded and initialised
+    first, pagedcy shares it, so the policy cannot apply and must not linger in os.environ."""
+    lib = ctypes.util.find_library("gomp")
+    if lib is None or _openmp_runtimes() is None:
+        pytest.skip("no libgomp to preload / no /proc/self/maps")
+    code = f"import ctypes; ctypes.CDLL({lib!r}, mode=ctypes.RTLD_GLOBAL); " + REPORT
+    (policy, spin, text, _), err = run(code, OMP_DISPLAY_ENV="verbose")
+    assert policy is None and spin is None
+    assert text.startswith("runtime default: an OpenMP runtime was loaded before pagedcy (libgomp")
+    read = spincount_read(err)
+    assert read is None or read != "0"    # the runtime kept its spinning default
+
+
+def test_openmp_runtimes_reads_the_maps_file(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f01 r-xp 00000000 08:01 11 /usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0\n"
+        "7f02-7f03 r-xp 00000000 08:01 12 /site/torch/lib/libgomp.so.1\n"
+        "7f04-7f05 r-xp 00000000 08:01 13 /site/scikit_learn.libs/libgomp-a34b3233.so.1.0.0\n"
+        "7f06-7f07 r-xp 00000000 08:01 14 /opt/llvm/lib/libomp.so\n"
+        "7f08-7f09 r-xp 00000000 08:01 15 /usr/lib/libgompish/notaruntime.so\n"
+        "7f0a-7f0b rw-p 00000000 00:00 0 \n"
+        "7f0c-7f0d r-xp 00000000 08:01 16 /lib/libc.so.6\n")
+    found = {os.path.basename(p.strip()) for p in _openmp_runtimes(str(maps))}
+    assert found == {"libgomp.so.1.0.0", "libgomp.so.1", "libgomp-a34b3233.so.1.0.0", "libomp.so"}
+    assert _openmp_runtimes(str(tmp_path / "missing")) is None
