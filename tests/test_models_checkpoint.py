@@ -279,7 +279,7 @@ def test_profile_accounts_for_every_part(ckpt, capsys):
     saved = model_mod.batch_paged_attention
     parts = profile.profile(model, "tiny", batch=2, q_len=3, ctx=9, reps=1, page_size=4)
     assert model_mod.batch_paged_attention is saved and model_mod.np is np
-    named = ("gemm", "attention", "kv write", "layers kernels", "rest")
+    named = ("gemm", "attention", "elementwise", "rest")
     assert set(named) <= set(parts)
     assert abs(sum(parts[k] for k in named) - parts["total"]) < 1e-9
     assert parts["gemm"] > 0 and parts["attention"] > 0

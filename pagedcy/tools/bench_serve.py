@@ -21,6 +21,9 @@ import time
 
 import numpy as np
 
+from pagedcy.tools.bench import blas_description
+from pagedcy.tools.info import cpu_description
+
 FULL = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
             intermediate_size=1408, vocab_size=32000, max_position_embeddings=2048)
 QUICK = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -35,6 +38,7 @@ def workload(num, *, vocab, seed=0, min_len=128, max_len=1024):
 
 
 def percentile(xs, q):
+    """The q-th percentile (0-100) of ``xs`` as a float; NaN for an empty list."""
     return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if xs else float("nan")
 
 
@@ -126,6 +130,7 @@ def start_server(model_dir, port, engine_args):
 
 
 def main(argv=None):
+    """``python -m pagedcy bench --serve``: the serving benchmark; returns the exit code."""
     ap = argparse.ArgumentParser(prog="python -m pagedcy bench --serve",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small model and few requests")
@@ -160,8 +165,8 @@ def main(argv=None):
         engine_args = [] if args.num_threads is None else ["--num-threads", str(args.num_threads)]
 
         cfg = config_dict()
-        print(f"# pagedcy bench --serve: CPU {_cpu()}; pagedcy {cfg['pagedcy']}, threads "
-              f"{cfg['num_threads']}, SIMD {cfg['simd']}; BLAS {_blas()}")
+        print(f"# pagedcy bench --serve: CPU {cpu_description()}; pagedcy {cfg['pagedcy']}, threads "
+              f"{cfg['num_threads']}, SIMD {cfg['simd']}; BLAS {blas_description()}")
         env = [f"{k}={v}" for k, v in sorted(os.environ.items())
                if k.startswith(("OMP_", "GOMP_", "OPENBLAS_", "MKL_", "PAGEDCY_"))]
         print(f"# engine threads: {args.num_threads or 'default'}; env: {' '.join(env) or '(none set)'}")
@@ -207,27 +212,6 @@ def main(argv=None):
               f"{s['ttft_p99']:.0f} | {s['tpot_p50']:.1f} | {s['tpot_p99']:.1f} |")
     print(f"| offline | {count[top]} | {off['req_s']:.2f} | {off['tok_s']:.1f} | 100% | | | | |")
     return 0
-
-
-def _cpu():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or platform.machine()
-
-
-def _blas():
-    try:
-        import threadpoolctl
-        return "; ".join(f"{i['internal_api']} {i.get('architecture') or ''} x{i['num_threads']}"
-                         for i in threadpoolctl.threadpool_info()) or "none loaded"
-    except ImportError:
-        return "threadpoolctl not installed"
 
 
 if __name__ == "__main__":

@@ -16,17 +16,19 @@ ATTENTION = ("batch_paged_attention",)
 
 
 class _TimedNumpy:
-    """numpy with ``matmul`` timed into ``acc["gemm"]``; every other name passes through."""
+    """numpy with ``matmul`` timed into ``acc["gemm"]`` (and its flops counted into
+    ``acc["gemm_flops"]``); every other name passes through."""
 
     def __init__(self, acc):
         self._acc = acc
 
-    def matmul(self, *args, **kwargs):
+    def matmul(self, a, b, *args, **kwargs):
         t0 = time.perf_counter()
         try:
-            return np.matmul(*args, **kwargs)
+            return np.matmul(a, b, *args, **kwargs)
         finally:
             self._acc["gemm"] += time.perf_counter() - t0
+            self._acc["gemm_flops"] += 2.0 * a.shape[0] * a.shape[-1] * b.shape[-1]
 
     def __getattr__(self, name):
         return getattr(np, name)
@@ -44,13 +46,15 @@ def _timed(fn, acc, key):
 
 class StepProfile:
     """``with StepProfile() as prof: ...`` accumulates seconds in ``prof.acc`` under "gemm",
-    "attention" and "elementwise" for every model forward run inside the block."""
+    "attention" and "elementwise" (K/V writes included) for every model forward run inside
+    the block, and the GEMMs' floating-point operations under "gemm_flops"."""
 
     def __init__(self):
-        self.acc = {"gemm": 0.0, "attention": 0.0, "elementwise": 0.0}
+        self.acc = {"gemm": 0.0, "attention": 0.0, "elementwise": 0.0, "gemm_flops": 0.0}
         self._saved = {}
 
     def reset(self):
+        """Zero every accumulator."""
         for k in self.acc:
             self.acc[k] = 0.0
 

@@ -3,63 +3,26 @@
 Writes the benchmark model (a Llama with hidden 512, 8 layers, 8 query / 2 KV heads,
 intermediate 1408, vocab 32000) with write_random_checkpoint, then times one prefill forward
 (4 x 256 tokens) and one decode forward (16 sequences at context 512), each over a few
-repetitions, split into GEMMs (np.matmul), attention, K/V writes, the _layers kernels and
-the rest; and compares the GEMMs' GFLOP/s with NumPy sgemm alone on the same shapes.
+repetitions, split into GEMMs (np.matmul), attention, elementwise (the _layers kernels and
+K/V writes) and the rest (:class:`~pagedcy.tools.engine_profile.StepProfile`); and compares the GEMMs' GFLOP/s with NumPy sgemm alone on the same shapes.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import tempfile
 import time
 import types
 
 import numpy as np
 
-from pagedcy.models import load_model, model as _model, write_random_checkpoint
+from pagedcy.models import load_model, write_random_checkpoint
 from pagedcy.tools.bench import blas_description
+from pagedcy.tools.engine_profile import StepProfile, gemm_only_seconds
 from pagedcy.tools.info import cpu_description
 
 BENCH_CONFIG = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
                     num_key_value_heads=2, intermediate_size=1408, vocab_size=32000,
                     max_position_embeddings=4096)
-PARTS = {"batch_paged_attention": "attention", "write_token_rows": "kv write",
-         "rms_norm": "layers kernels", "qkv_rope": "layers kernels", "silu_mul": "layers kernels"}
-
-
-class _Timer:
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.gemms: list[tuple[tuple[int, int], tuple[int, int]]] = []
-
-    def wrap(self, fn, part, record=False):
-        def timed(*args, **kwargs):
-            t = time.perf_counter()
-            out = fn(*args, **kwargs)
-            self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - t
-            if record:
-                self.gemms.append((args[0].shape, args[1].shape))
-            return out
-        return timed
-
-
-@contextlib.contextmanager
-def _instrumented(timer):
-    """Swap model.py's kernel names (and its ``np.matmul``) for timed wrappers."""
-    saved = {name: getattr(_model, name) for name in PARTS}
-    np_shim = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
-    np_shim.matmul = timer.wrap(np.matmul, "gemm", record=True)
-    try:
-        for name, part in PARTS.items():
-            setattr(_model, name, timer.wrap(saved[name], part))
-        _model.np = np_shim
-        yield
-    finally:
-        _model.np = np
-        for name, fn in saved.items():
-            setattr(_model, name, fn)
-
-
 def _slots(batch, q_len, ctx, page_size, rng):
     """Slots for ``batch`` sequences whose last ``q_len`` of ``ctx`` tokens are new, pages in
     random order."""
@@ -72,18 +35,6 @@ def _slots(batch, q_len, ctx, page_size, rng):
         slot_offsets=(pos % page_size).astype(np.int32),
         qo_indptr=(np.arange(batch + 1) * q_len).astype(np.int32), block_tables=perm,
         kv_lens=np.full(batch, ctx, np.int32)), batch * per
-
-
-def _sgemm_alone(shapes, reps):
-    total = 0.0
-    for a_shape, b_shape in sorted(set(shapes)):
-        a = np.ones(a_shape, np.float32)
-        b = np.ones(b_shape, np.float32)
-        out = np.empty((a_shape[0], b_shape[1]), np.float32)
-        np.matmul(a, b, out=out)
-        best = min(_time(lambda: np.matmul(a, b, out=out)) for _ in range(reps))
-        total += best * shapes.count((a_shape, b_shape))
-    return total
 
 
 def _time(fn):
@@ -106,15 +57,13 @@ def profile(model, name, batch, q_len, ctx, reps, page_size=16):
     plain = min(_time(lambda: model.forward(pages, ids, slots)) for _ in range(reps))
     runs = []
     for _ in range(reps):
-        timer = _Timer()
-        with _instrumented(timer):
+        with StepProfile() as prof:
             total = _time(lambda: model.forward(pages, ids, slots))
-        runs.append((total, timer))
-    total, timer = min(runs, key=lambda r: r[0])
-    flops = sum(2 * a[0] * a[1] * b[1] for a, b in timer.gemms)
-    alone = _sgemm_alone(timer.gemms, reps)
-    parts = dict(timer.seconds)
-    parts["rest"] = total - sum(parts.values())
+        runs.append((total, prof.acc))
+    total, acc = min(runs, key=lambda r: r[0])
+    flops = acc.pop("gemm_flops")
+    alone = gemm_only_seconds(model.config, batch * q_len, batch, reps)
+    parts = dict(acc, rest=total - sum(acc.values()))
     print(f"{name}: {batch} seq x {q_len} new tokens (context {ctx}): forward {plain * 1e3:.2f} ms "
           f"({total * 1e3:.2f} ms instrumented)")
     for part, s in sorted(parts.items(), key=lambda kv: -kv[1]):
