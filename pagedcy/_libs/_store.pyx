@@ -22,6 +22,13 @@ NOGIL_BYTES = 1 << 16
 _WHICH = {0: 0, 1: 1, "k": 0, "v": 1, "K": 0, "V": 1}
 
 
+cdef inline Py_ssize_t _page_run(Py_ssize_t pos, Py_ssize_t left, Py_ssize_t page_size,
+                                  Py_ssize_t *off) noexcept nogil:
+    """Tokens from ``pos`` to the end of its page, at most ``left``; ``off[0]`` = in-page offset."""
+    off[0] = pos % page_size
+    return min(page_size - off[0], left)
+
+
 cdef class KVPageStore:
     """K/V page storage for a :class:`PagedKVCacheConfig` (owns one :class:`PagePool`).
 
@@ -56,10 +63,7 @@ cdef class KVPageStore:
         """Write n float32 token rows (contiguous, kv_dim each) at positions start.. ."""
         cdef Py_ssize_t i = 0, pos = start, off, run, page
         while i < n:
-            off = pos % self.page_size
-            run = self.page_size - off
-            if run > n - i:
-                run = n - i
+            run = _page_run(pos, n - i, self.page_size, &off)
             page = table[pos // self.page_size]
             pagedcy_kv_store(self.code, self.row_ptr(page, layer, 0, off),
                              k + i * self.kv_dim, run * self.kv_dim, self.head_dim)
@@ -74,10 +78,7 @@ cdef class KVPageStore:
         cdef Py_ssize_t i = 0, pos = start, off, run, page
         cdef Py_ssize_t out_row = self.kv_dim * 4 if to_f32 else self.row_bytes
         while i < n:
-            off = pos % self.page_size
-            run = self.page_size - off
-            if run > n - i:
-                run = n - i
+            run = _page_run(pos, n - i, self.page_size, &off)
             page = table[pos // self.page_size]
             if to_f32:
                 pagedcy_kv_load(self.code, <float *>(dst + i * out_row),
