@@ -1,6 +1,10 @@
-"""pagedcy: a paged KV cache and fast paged attention for CPU LLM inference.
+"""pagedcy: run Hugging Face LLMs on the CPU with a paged KV cache and fast paged attention.
 
-Cython extension types over one page layout::
+- :class:`LLM`, :class:`LLMEngine`, :class:`SamplingParams`, :class:`RequestOutput`,
+  :class:`CompletionOutput`: the continuous-batching engine with vLLM's API (imported lazily:
+  ``import pagedcy`` itself needs only NumPy). ``python -m pagedcy serve`` is the OpenAI server.
+
+Under it, Cython extension types over one page layout::
 
     pages[max_pages, num_layers, 2 (K, V), page_size, num_kv_heads, head_dim]
 
