@@ -52,6 +52,7 @@ class StepProfile:
     def __init__(self):
         self.acc = {"gemm": 0.0, "attention": 0.0, "elementwise": 0.0, "gemm_flops": 0.0}
         self._saved = {}
+        self._mod = None    # pagedcy.models.model while the block runs
 
     def reset(self):
         """Zero every accumulator."""
