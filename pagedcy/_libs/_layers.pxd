@@ -1,3 +1,5 @@
+cimport numpy as cnp
+
 # Row kernels of the transformer layers: plain C on float32 rows, callable without the GIL.
 cdef void rms_row(const float *x, float *residual, const float *weight, float eps,
                   float *out, Py_ssize_t d) noexcept nogil
@@ -9,3 +11,7 @@ cdef void qkv_rope_row(const float *qkv, const float *bias, const float *cos_row
 cdef extern from "pagedcy_layers.h" nogil:
     float pagedcy_expf(float x)
     void pagedcy_silu_mul_row(const float *gate_up, float *out, Py_ssize_t width)
+
+# Boundary checks shared with the other float32 row-kernel modules (_gemm).
+cdef cnp.ndarray _f32(object a, str name, tuple shape, bint writable=*)
+cdef bint _overlap(cnp.ndarray a, cnp.ndarray b)

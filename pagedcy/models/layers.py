@@ -1,8 +1,9 @@
 """Weights of one decoder layer, fused and laid out for the forward pass.
 
-Projections are stored pre-transposed as C-contiguous float32 ``[in, out]`` so ``x @ W``
-is one sgemm with no copy (measured faster than BLAS's transposed-operand path for the
-skinny decode shapes), with q|k|v fused into one matrix and gate|up into another.
+Projections are stored as checkpoints store them, C-contiguous float32 ``[out, in]``, with
+q|k|v fused into one matrix and gate|up into another: ``pagedcy._libs._gemm.linear`` reads
+them front to back for decode-sized batches and hands them to BLAS as ``W.T`` (no copy) for
+prefill-sized ones.
 """
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ __all__ = ["LayerWeights", "load_layer"]
 
 @dataclasses.dataclass
 class LayerWeights:
-    """One decoder layer: norms ``[hidden]``, ``w_qkv [hidden, (H + 2*Hkv) * D]``,
-    ``w_o [H * D, hidden]``, ``w_gate_up [hidden, 2 * I]``, ``w_down [I, hidden]`` (float32,
-    C-contiguous), optional biases and per-head q/k norms ``[D]``, and the kernel's
+    """One decoder layer: norms ``[hidden]``, ``w_qkv [(H + 2*Hkv) * D, hidden]``,
+    ``w_o [hidden, H * D]``, ``w_gate_up [2 * I, hidden]``, ``w_down [hidden, I]`` (float32,
+    C-contiguous, ``[out, in]``), optional biases and per-head q/k norms ``[D]``, and the kernel's
     ``window_left`` (-1 = full attention)."""
 
     input_norm: np.ndarray
@@ -42,15 +43,9 @@ class LayerWeights:
         return sum(a.nbytes for a in dataclasses.astuple(self) if isinstance(a, np.ndarray))
 
 
-def _fused_t(parts):
-    """Stack [out_i, in] matrices along out and transpose to one contiguous [in, sum(out_i)]."""
-    rows = sum(p.shape[0] for p in parts)
-    out = np.empty((parts[0].shape[1], rows), np.float32)
-    j = 0
-    for p in parts:
-        out[:, j:j + p.shape[0]] = p.T
-        j += p.shape[0]
-    return out
+def _fused(parts):
+    """Stack [out_i, in] matrices along out into one contiguous [sum(out_i), in]."""
+    return np.concatenate(parts, axis=0)
 
 
 def load_layer(reader: CheckpointReader, cfg: ModelConfig, i: int) -> LayerWeights:
@@ -65,18 +60,18 @@ def load_layer(reader: CheckpointReader, cfg: ModelConfig, i: int) -> LayerWeigh
 
     attn = "self_attn."
     q, k, v = (get(attn + f"{n}_proj.weight", (w, h)) for n, w in (("q", qd), ("k", kd), ("v", kd)))
-    w_qkv = _fused_t([q, k, v])
+    w_qkv = _fused([q, k, v])
     del q, k, v
     gate, up = get("mlp.gate_proj.weight", (inter, h)), get("mlp.up_proj.weight", (inter, h))
-    w_gate_up = _fused_t([gate, up])
+    w_gate_up = _fused([gate, up])
     del gate, up
     layer = LayerWeights(
         input_norm=get("input_layernorm.weight", (h,)),
         post_norm=get("post_attention_layernorm.weight", (h,)),
         w_qkv=w_qkv,
-        w_o=np.ascontiguousarray(get(attn + "o_proj.weight", (h, qd)).T),
+        w_o=np.ascontiguousarray(get(attn + "o_proj.weight", (h, qd))),
         w_gate_up=w_gate_up,
-        w_down=np.ascontiguousarray(get("mlp.down_proj.weight", (h, inter)).T),
+        w_down=np.ascontiguousarray(get("mlp.down_proj.weight", (h, inter))),
         window_left=cfg.window_left(i))
     if cfg.attention_bias:
         layer.qkv_bias = np.concatenate([get(attn + "q_proj.bias", (qd,)),

@@ -31,9 +31,9 @@ def load_model(path: str | os.PathLike, *, num_threads: int | None = None) -> Ca
     final_norm = reader.get("model.norm.weight", (h,))
     embed: np.ndarray | None = table
     if cfg.tie_word_embeddings:
-        lm_head = np.ascontiguousarray(table.T)
-        embed = None  # lookups gather lm_head's columns: the table is stored once
+        lm_head = np.ascontiguousarray(table)
+        embed = None  # lookups take lm_head's rows: the table is stored once
     else:
-        lm_head = np.ascontiguousarray(reader.get("lm_head.weight", (v, h)).T)
+        lm_head = np.ascontiguousarray(reader.get("lm_head.weight", (v, h)))
     del table
     return CausalLM(cfg, embed, layers, final_norm, lm_head, num_threads=num_threads)

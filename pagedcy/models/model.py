@@ -6,6 +6,7 @@ import numpy as np
 from pagedcy.config import PagedKVCacheConfig
 from pagedcy._validate import int32_array
 from pagedcy._libs._attention import batch_paged_attention
+from pagedcy._libs._gemm import linear
 from pagedcy._libs._layers import qkv_rope, rms_norm, silu_mul
 from pagedcy._libs._manager_ops import write_token_rows
 from pagedcy._libs._threads import resolve_num_threads
@@ -31,11 +32,11 @@ class CausalLM:
     def __init__(self, config: ModelConfig, embed: np.ndarray | None, layers: list[LayerWeights],
                  final_norm: np.ndarray, lm_head: np.ndarray, *, num_threads=None):
         self.config = config
-        # embed [vocab, hidden]; None when tied: rows are then gathered from lm_head's columns.
+        # embed [vocab, hidden]; None when tied: rows are then gathered from lm_head.
         self._embed = embed
         self._layers = layers
         self._final_norm = final_norm
-        self._lm_head = lm_head  # [hidden, vocab], C-contiguous
+        self._lm_head = lm_head  # [vocab, hidden], C-contiguous
         self._nt = resolve_num_threads(num_threads)
         self._rope = RopeTable(config)
         self._ws = Workspace(config)
@@ -98,10 +99,8 @@ class CausalLM:
             raise IndexError(f"block_tables hold page ids outside [0, {maxp})")
 
     def _embed_rows(self, ids, out):
-        if self._embed is not None:
-            np.take(self._embed, ids, axis=0, out=out)
-        else:
-            out[...] = self._lm_head[:, ids].T
+        table = self._embed if self._embed is not None else self._lm_head
+        np.take(table, ids, axis=0, out=out)
 
     def forward(self, kv_pages, token_ids, slots) -> np.ndarray:
         """Run all layers on ``token_ids`` (int32 ``[N]``) laid out by ``slots`` (StepSlots:
@@ -130,25 +129,25 @@ class CausalLM:
                 rms_norm(resid, lw.input_norm, eps, normed, None, nt)
             else:
                 rms_norm(delta, lw.input_norm, eps, normed, resid, nt)
-            np.matmul(normed, lw.w_qkv, out=qkv)
+            linear(normed, lw.w_qkv, qkv, nt)
             qkv_rope(qkv, pos, cos, sin, q, k, v, H, Hk, lw.qkv_bias, lw.q_norm, lw.k_norm, eps, nt)
             write_token_rows(store, pages, offs, li, k, v)
             batch_paged_attention(q, indptr, kv_pages, li, tables, lens,
                                   window_left=lw.window_left, out=attn, num_threads=nt)
-            np.matmul(attn2d, lw.w_o, out=delta)
+            linear(attn2d, lw.w_o, delta, nt)
             if lw.o_bias is not None:
                 delta += lw.o_bias
             rms_norm(delta, lw.post_norm, eps, normed, resid, nt)
-            np.matmul(normed, lw.w_gate_up, out=gate_up)
+            linear(normed, lw.w_gate_up, gate_up, nt)
             if lw.gate_up_bias is not None:
                 gate_up += lw.gate_up_bias
             silu_mul(gate_up, act, nt)
-            np.matmul(act, lw.w_down, out=delta)
+            linear(act, lw.w_down, delta, nt)
             if lw.down_bias is not None:
                 delta += lw.down_bias
         last_rows = indptr[1:] - 1
         last, hn, logits = ws.last[:b], ws.last_normed[:b], ws.logits[:b]
         np.take(resid, last_rows, axis=0, out=last)
         rms_norm(np.take(delta, last_rows, axis=0), self._final_norm, eps, hn, last, nt)
-        np.matmul(hn, self._lm_head, out=logits)
+        linear(hn, self._lm_head, logits, nt)
         return logits

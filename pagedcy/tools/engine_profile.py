@@ -1,7 +1,7 @@
 """Where an engine step's time goes, the GEMM-only yardstick and peak memory.
 
 :class:`StepProfile` swaps timing wrappers into ``pagedcy.models.model``'s module globals (its
-``np.matmul``, ``batch_paged_attention`` and elementwise kernels) for the duration of a
+``linear`` projections, ``batch_paged_attention`` and elementwise kernels) for the duration of a
 ``with`` block, so a step splits into GEMM / attention / elementwise / the rest (Python,
 scheduling, sampling) without the model knowing. Each wrapper costs two ``perf_counter``
 calls, well under 1% of a step.
@@ -11,27 +11,21 @@ import time
 import numpy as np
 
 # module globals of pagedcy.models.model, by the part of a step they belong to
+GEMM = ("linear",)
 ELEMENTWISE = ("qkv_rope", "rms_norm", "silu_mul", "write_token_rows")
 ATTENTION = ("batch_paged_attention",)
 
 
-class _TimedNumpy:
-    """numpy with ``matmul`` timed into ``acc["gemm"]`` (and its flops counted into
-    ``acc["gemm_flops"]``); every other name passes through."""
-
-    def __init__(self, acc):
-        self._acc = acc
-
-    def matmul(self, a, b, *args, **kwargs):
+def _timed_linear(fn, acc):
+    """``linear`` timed into ``acc["gemm"]``, its flops counted into ``acc["gemm_flops"]``."""
+    def wrapper(x, w, *args, **kwargs):
         t0 = time.perf_counter()
         try:
-            return np.matmul(a, b, *args, **kwargs)
+            return fn(x, w, *args, **kwargs)
         finally:
-            self._acc["gemm"] += time.perf_counter() - t0
-            self._acc["gemm_flops"] += 2.0 * a.shape[0] * a.shape[-1] * b.shape[-1]
-
-    def __getattr__(self, name):
-        return getattr(np, name)
+            acc["gemm"] += time.perf_counter() - t0
+            acc["gemm_flops"] += 2.0 * x.shape[0] * x.shape[1] * w.shape[0]
+    return wrapper
 
 
 def _timed(fn, acc, key):
@@ -62,8 +56,9 @@ class StepProfile:
     def __enter__(self):
         from pagedcy.models import model as m
         self._mod = m
-        self._saved = {name: getattr(m, name) for name in ("np",) + ATTENTION + ELEMENTWISE}
-        m.np = _TimedNumpy(self.acc)
+        self._saved = {name: getattr(m, name) for name in GEMM + ATTENTION + ELEMENTWISE}
+        for name in GEMM:
+            setattr(m, name, _timed_linear(self._saved[name], self.acc))
         for name in ATTENTION:
             setattr(m, name, _timed(self._saved[name], self.acc, "attention"))
         for name in ELEMENTWISE:
@@ -79,7 +74,8 @@ class StepProfile:
 def gemm_only_seconds(cfg, n_tokens, n_seqs, repeats=3):
     """Best time NumPy's matmul alone takes for one forward's GEMMs: every layer's q|k|v,
     o, gate|up and down projections on ``n_tokens`` rows plus the LM head on ``n_seqs`` rows,
-    float32, into preallocated outputs (the shapes ``CausalLM.forward`` multiplies)."""
+    float32, into preallocated outputs (the shapes ``CausalLM.forward`` multiplies; weights
+    ``[out, in]`` passed as ``W.T``, as ``linear`` hands them to BLAS)."""
     rng = np.random.default_rng(0)
     h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * d
@@ -88,10 +84,10 @@ def gemm_only_seconds(cfg, n_tokens, n_seqs, repeats=3):
     # activations shared, weights distinct per layer (as in the model: they stream from memory)
     acts = [(rng.standard_normal((m, k), dtype=np.float32), np.empty((m, n), np.float32))
             for m, k, n in shapes]
-    ops = [(a, rng.standard_normal((k, n), dtype=np.float32), out)
+    ops = [(a, rng.standard_normal((n, k), dtype=np.float32).T, out)
            for _ in range(cfg.num_layers) for (a, out), (m, k, n) in zip(acts, shapes)]
     ops.append((rng.standard_normal((n_seqs, h), dtype=np.float32),
-                rng.standard_normal((h, cfg.vocab_size), dtype=np.float32),
+                rng.standard_normal((cfg.vocab_size, h), dtype=np.float32).T,
                 np.empty((n_seqs, cfg.vocab_size), np.float32)))
     best = float("inf")
     for _ in range(repeats + 1):

@@ -1,0 +1,77 @@
+"""pagedcy's skinny GEMM against NumPy's BLAS on a decode step's projection shapes.
+
+``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python asv_benches/gemm_skinny.py [--seconds 2]``
+
+For each row count M, the GEMMs of one decode step of the engine benchmark's model (Llama:
+hidden 512, 8 layers, 8 / 2 heads of 64, intermediate 1408, vocab 32000; weights stored
+``[out, in]`` as the model keeps them: per layer q|k|v 768x512, o 512x512, gate|up 2816x512,
+down 512x1408, then the 32000x512 LM head once), timed as ``skinny_linear`` and as
+``np.matmul(x, w.T)`` (BLAS), interleaved round by round in one
+process, best round of each. Weights are distinct arrays (155 MB in all, more than L3), so
+each GEMM reads its weight from memory as in a real step. Prints GFLOP/s, the ratio, and the
+weight-read rate against ``read_bandwidth``; the crossover sets ``SKINNY_MAX_ROWS``.
+"""
+import argparse
+import time
+
+import numpy as np
+
+from pagedcy._libs._bandwidth import read_bandwidth
+from pagedcy._libs._gemm import SKINNY_MAX_ROWS, skinny_linear
+from pagedcy._libs._threads import resolve_num_threads
+from pagedcy.tools.bench import blas_description
+from pagedcy.tools.info import cpu_description
+
+LAYERS, HIDDEN, INTER, VOCAB = 8, 512, 1408, 32000
+SHAPES = [(768, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
+
+
+def weights(rng):
+    """Distinct float32 weights of one step: 8 layers x 4 projections, then the LM head."""
+    ws = [rng.standard_normal(s, dtype=np.float32) for _ in range(LAYERS) for s in SHAPES]
+    return ws + [rng.standard_normal((VOCAB, HIDDEN), dtype=np.float32)]
+
+
+def step(fn, xs, ws, outs):
+    """One step's GEMMs with ``fn(x, w, out)``; returns seconds."""
+    t = time.perf_counter()
+    for w in ws:
+        fn(xs[w.shape[1]], w, outs[w.shape[0]])
+    return time.perf_counter() - t
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=2.0, help="per row count")
+    ap.add_argument("--rows", default="1,2,4,8,16,24,32,48,64,96,128")
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    nt = resolve_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    ws = weights(rng)
+    wbytes = sum(w.nbytes for w in ws)
+    bw = read_bandwidth(num_threads=nt)
+    print(f"CPU: {cpu_description()}")
+    print(f"BLAS: {blas_description()}; pagedcy threads {nt}; SKINNY_MAX_ROWS={SKINNY_MAX_ROWS}")
+    print(f"weights {wbytes / 1e6:.0f} MB per step; read bandwidth {bw:.1f} GB/s "
+          f"({wbytes / bw / 1e6:.2f} ms to read them once)")
+    ours = lambda x, w, o: skinny_linear(x, w, o, nt)  # noqa: E731
+    blas = lambda x, w, o: np.matmul(x, w.T, out=o)  # noqa: E731
+    print("| M | skinny ms | np.matmul ms | skinny GFLOP/s | np GFLOP/s | ratio | skinny weight GB/s |")
+    print("|---|---|---|---|---|---|---|")
+    for m in (int(r) for r in args.rows.split(",")):
+        xs = {k: rng.standard_normal((m, k), dtype=np.float32) for k in (HIDDEN, INTER)}
+        outs = {n: np.empty((m, n), np.float32) for n in {s[0] for s in SHAPES} | {VOCAB}}
+        flops = 2 * m * sum(w.size for w in ws)
+        best = {"ours": 1e9, "blas": 1e9}
+        t_end = time.perf_counter() + args.seconds
+        while time.perf_counter() < t_end:
+            best["ours"] = min(best["ours"], step(ours, xs, ws, outs))
+            best["blas"] = min(best["blas"], step(blas, xs, ws, outs))
+        o, b = best["ours"], best["blas"]
+        print(f"| {m} | {o * 1e3:.2f} | {b * 1e3:.2f} | {flops / o / 1e9:.1f} | {flops / b / 1e9:.1f} "
+              f"| {b / o:.2f}x | {wbytes / o / 1e9:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Float32 projections ``x @ weight.T`` for the few-row batches of a decode step.
+
+``linear(x, weight, out)`` is the forward pass's projection, with ``weight`` stored as
+checkpoints store it (``[out_features, in_features]``, like ``torch.nn.functional.linear``).
+For up to ``SKINNY_MAX_ROWS`` rows it runs pagedcy's own register-blocked kernel
+(``pagedcy_gemm.h``: AVX-512 or AVX2, picked at run time), which streams the weight once,
+front to back; above that, and on CPUs without AVX2, NumPy's BLAS, which is at its best
+there. ``skinny_linear`` is the kernel alone.
+"""
+import numpy as np
+cimport numpy as cnp
+from cython.parallel cimport prange
+
+from pagedcy._libs._layers cimport _f32, _overlap
+from pagedcy._libs._openmp cimport PAGEDCY_OPENMP
+from pagedcy._libs._threads import resolve_num_threads
+
+cnp.import_array()
+
+cdef extern from "pagedcy_gemm.h" nogil:
+    int pagedcy_simd_level()
+
+# Rows up to which linear() takes the skinny kernel rather than BLAS: the crossover measured
+# with asv_benches/gemm_skinny.py on the engine benchmark's shapes.
+SKINNY_MAX_ROWS = 64
+# Below this many multiply-adds a call runs on one thread: waking a passive OpenMP worker
+# costs more than the work.
+PARALLEL_MACS = 1 << 18
+# Weight rows per thread start on this boundary (whole 8-row blocks).
+cdef int _ROW_ALIGN = 8
+_INT_MAX = 2**31 - 1
+
+
+cdef int _skinny(cnp.ndarray x, cnp.ndarray w, cnp.ndarray out, int nt, int simd) except -1:
+    cdef int M = x.shape[0], K = x.shape[1], N = w.shape[0], t, blocks
+    cdef const float *xp = <const float *>cnp.PyArray_DATA(x)
+    cdef const float *wp = <const float *>cnp.PyArray_DATA(w)
+    cdef float *op = <float *>cnp.PyArray_DATA(out)
+    if M == 0 or N == 0:
+        return 0
+    blocks = (N + _ROW_ALIGN - 1) // _ROW_ALIGN
+    if nt > blocks:
+        nt = blocks
+    if not PAGEDCY_OPENMP or <double>M * N * K < PARALLEL_MACS:
+        nt = 1
+    if nt == 1:
+        with nogil:
+            pagedcy_gemm_nt_rows(simd, M, 0, N, K, xp, K, wp, K, op, N)
+        return 0
+    for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
+        pagedcy_gemm_nt_rows(simd, M, _ROW_ALIGN * (blocks * t // nt),
+                             min(N, _ROW_ALIGN * (blocks * (t + 1) // nt)), K, xp, K, wp, K, op, N)
+    return 0
+
+
+cdef tuple _check(object x, object weight, object out):
+    cdef cnp.ndarray xa = _f32(x, "x", (None, None))
+    cdef cnp.ndarray wa = _f32(weight, "weight", (None, xa.shape[1]))
+    cdef cnp.ndarray oa = _f32(out, "out", (xa.shape[0], wa.shape[0]), True)
+    if max(xa.shape[0], xa.shape[1], wa.shape[0]) > _INT_MAX:
+        raise ValueError("matrix dimensions must be below 2**31")
+    if _overlap(oa, xa) or _overlap(oa, wa):
+        raise ValueError("out must not overlap x or weight")
+    return xa, wa, oa
+
+
+def skinny_linear(x, weight, out, num_threads=None):
+    """``out[...] = x @ weight.T`` with pagedcy's skinny kernel: ``x`` float32 ``[M, K]``,
+    ``weight`` float32 ``[N, K]``, ``out`` float32 ``[M, N]``, all C-contiguous, ``out``
+    overlapping neither. Weight rows are split over ``num_threads`` OpenMP threads. Any M
+    works; it is fastest for small M (see ``linear``). TypeError for a non-array or
+    non-float32 input, ValueError for shapes, contiguity or overlap. Returns ``out``."""
+    return _skinny_linear_tuned(x, weight, out, num_threads)
+
+
+def _skinny_linear_tuned(x, weight, out, num_threads=None, max_simd=2):
+    """Private: ``skinny_linear`` with the instruction set capped at ``max_simd`` (0 scalar,
+    1 AVX2, 2 AVX-512), for tests and benchmarks."""
+    xa, wa, oa = _check(x, weight, out)
+    cdef int nt = resolve_num_threads(num_threads)
+    cdef int simd = min(int(max_simd), pagedcy_simd_level())
+    _skinny(xa, wa, oa, nt, simd)
+    return out
+
+
+def linear(x, weight, out, num_threads=None):
+    """``out[...] = x @ weight.T``: ``x`` float32 ``[M, K]``, ``weight`` float32 ``[N, K]``
+    (output-major, as checkpoints store projections), ``out`` float32 ``[M, N]``, all
+    C-contiguous. The skinny kernel for ``M <= SKINNY_MAX_ROWS`` on a CPU with AVX2 (or
+    AVX-512), else ``np.matmul``. Errors as ``skinny_linear``. Returns ``out``."""
+    xa, wa, oa = _check(x, weight, out)
+    cdef int simd = pagedcy_simd_level()
+    if xa.shape[0] <= SKINNY_MAX_ROWS and simd >= 1:
+        _skinny(xa, wa, oa, resolve_num_threads(num_threads), simd)
+    else:
+        np.matmul(xa, wa.T, out=oa)
+    return out
