@@ -25,10 +25,11 @@
 #include <stdint.h>
 #include "pagedcy_convert.h"
 
-#ifndef PG_PF_BLOCKS
+/* Software prefetch of W: blocks ahead and locality (2: prefetcht1, into L2).
+ * 4-8 blocks ahead into L2 beat 1 block into L1 by ~1.3x on the decode step's
+ * GEMMs (1 thread, 16 rows, EPYC Zen 4); further ahead gained nothing. */
 #define PG_PF_BLOCKS 4
 #define PG_PF_LOC 2
-#endif
 static inline int pg_min(int a, int b) { return a < b ? a : b; }
 
 /* Plain C, for CPUs without AVX2 (and as the tests' third path). */
@@ -52,6 +53,13 @@ static void pg_tile_scalar(int mr, int nb, int K, const float *A, int64_t lda, c
 #define PG_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")))
 #define PG_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
 #define PG_AVX2 __attribute__((target("avx2,fma")))
+
+/* The next pf_step bytes at *pf toward L2 (nothing when *pf is NULL). */
+static inline __attribute__((always_inline)) void pg_prefetch(const char **pf, int64_t pf_step) {
+    if (!*pf) return;
+    for (int64_t p = 0; p < pf_step; p += 64) __builtin_prefetch(*pf + p, 0, PG_PF_LOC);
+    *pf += pf_step;
+}
 
 /* Eight 8-float vectors -> one whose element j is the sum of v[j]. */
 PG_AVX2_INLINE __m256 pg_hsum8x8(const __m256 *v) {
@@ -77,10 +85,7 @@ PG_AVX512_INLINE void pg_tile_z(int K, const float *A, int64_t lda, const float 
         for (int j = 0; j < NB; j++) c[i][j] = _mm512_setzero_ps();
     int k = 0;
     for (; k + 16 <= K; k += 16) {
-        if (pf) {
-            for (int p = 0; p < pf_step; p += 64) __builtin_prefetch(pf + p, 0, PG_PF_LOC);
-            pf += pf_step;
-        }
+        pg_prefetch(&pf, pf_step);
         __m512 a[4];
         PG_UNROLL
         for (int i = 0; i < MR; i++) a[i] = _mm512_loadu_ps(A + i * lda + k);
@@ -129,19 +134,21 @@ PG_AVX512 static void pg_tile_avx512(int mr, int nb, int K, const float *A, int6
     }
 }
 
-/* AVX2: 16 registers, so MR x NB <= 2 x 4 accumulators of 8 floats. */
+/* AVX2: 16 registers, so MR x NB <= 3 x 4 accumulators of 8 floats. */
 PG_AVX2_INLINE void pg_tile_y(int K, const float *A, int64_t lda, const float *W, int64_t ldw,
-                              float *C, int64_t ldc, const int MR, const int NB) {
-    __m256 c[2][4];
+                              float *C, int64_t ldc, const char *pf, int64_t pf_step, const int MR,
+                              const int NB) {
+    __m256 c[3][4];
     PG_UNROLL
     for (int i = 0; i < MR; i++)
         PG_UNROLL
         for (int j = 0; j < NB; j++) c[i][j] = _mm256_setzero_ps();
     int k = 0;
     for (; k < K; k += 8) {
+        pg_prefetch(&pf, pf_step);
         const int full = k + 8 <= K;
         const __m256i m = pg_mask8(K - k);
-        __m256 a[2];
+        __m256 a[3];
         PG_UNROLL
         for (int i = 0; i < MR; i++)
             a[i] = full ? _mm256_loadu_ps(A + i * lda + k) : _mm256_maskload_ps(A + i * lda + k, m);
@@ -161,13 +168,14 @@ PG_AVX2_INLINE void pg_tile_y(int K, const float *A, int64_t lda, const float *W
     }
 }
 
-#define PG_Y_CASE(MR_, NB_) case (MR_) * 16 + (NB_): pg_tile_y(K, A, lda, W, ldw, C, ldc, MR_, NB_); break;
+#define PG_Y_CASE(MR_, NB_) \
+    case (MR_) * 16 + (NB_): pg_tile_y(K, A, lda, W, ldw, C, ldc, pf, pf_step, MR_, NB_); break;
 #define PG_Y_ROW(MR_) PG_Y_CASE(MR_, 1) PG_Y_CASE(MR_, 2) PG_Y_CASE(MR_, 3) PG_Y_CASE(MR_, 4)
 
 PG_AVX2 static void pg_tile_avx2(int mr, int nb, int K, const float *A, int64_t lda, const float *W,
-                                 int64_t ldw, float *C, int64_t ldc) {
+                                 int64_t ldw, float *C, int64_t ldc, const char *pf, int64_t pf_step) {
     switch (mr * 16 + nb) {
-        PG_Y_ROW(1) PG_Y_ROW(2)
+        PG_Y_ROW(1) PG_Y_ROW(2) PG_Y_ROW(3)
         default: break;
     }
 }
@@ -189,7 +197,7 @@ static void pagedcy_gemm_nt_rows(int simd, int M, int n0, int n1, int K, const f
         level = 2;
         if (M > 3) { nb_max = 6; mr_max = 4; }
     }
-    else if (simd >= PAGEDCY_SIMD_AVX2 && pagedcy_cpu_has_avx2_fma()) { level = 1; nb_max = 4; mr_max = 2; }
+    else if (simd >= PAGEDCY_SIMD_AVX2 && pagedcy_cpu_has_avx2_fma()) { level = 1; nb_max = 4; mr_max = 3; }
 #else
     (void)simd;
 #endif
@@ -202,18 +210,19 @@ static void pagedcy_gemm_nt_rows(int simd, int M, int n0, int n1, int K, const f
             const float *a = A + (int64_t)m * lda;
             float *c = C + (int64_t)m * ldc + n;
 #if PG_HAVE_SIMD
-            /* The first row block pulls the next block of W (contiguous when ldw == K)
-             * toward L1 a few lines per k step: each block is only NB short runs, too
-             * short for the hardware prefetchers to ramp up on (M = 1 read W at half
-             * the machine's bandwidth without this). */
+            /* The first row block pulls the block of W PG_PF_BLOCKS ahead (contiguous
+             * when ldw == K) toward L2, a few lines per k step: a block is only NB short
+             * runs, too short for the hardware prefetchers to ramp up on. */
             const char *pf = NULL;
             int64_t pf_step = 0;
-            if (bi == 0 && n + PG_PF_BLOCKS * nb < n1 && ldw == K) {
-                pf = (const char *)(w + (int64_t)PG_PF_BLOCKS * nb * ldw);
-                pf_step = ((int64_t)pg_min(nb_max, n1 - n - nb) * K * 4 / ((K + 15) / 16) + 63) & ~63;
+            const int ahead = n + PG_PF_BLOCKS * nb_max;
+            if (bi == 0 && ahead < n1 && ldw == K) {
+                const int vw = level == 2 ? 16 : 8;
+                pf = (const char *)(W + (int64_t)ahead * ldw);
+                pf_step = ((int64_t)pg_min(nb_max, n1 - ahead) * K * 4 / ((K + vw - 1) / vw) + 63) & ~63;
             }
             if (level == 2) pg_tile_avx512(mr, nb, K, a, lda, w, ldw, c, ldc, pf, pf_step);
-            else if (level == 1) pg_tile_avx2(mr, nb, K, a, lda, w, ldw, c, ldc);
+            else if (level == 1) pg_tile_avx2(mr, nb, K, a, lda, w, ldw, c, ldc, pf, pf_step);
             else
 #endif
             pg_tile_scalar(mr, nb, K, a, lda, w, ldw, c, ldc);
