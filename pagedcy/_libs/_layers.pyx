@@ -9,7 +9,6 @@ work to pay for the fork/join (a prefill, not a decode step).
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange
-from libc.math cimport sqrt
 from libc.stdint cimport int32_t
 
 from pagedcy._libs._openmp cimport PAGEDCY_OPENMP
@@ -29,22 +28,7 @@ cdef void rms_row(const float *x, float *residual, const float *weight, float ep
                   float *out, Py_ssize_t d) noexcept nogil:
     """out = weight * r / sqrt(mean(r^2) + eps) with r = x, or r = (residual += x) when
     residual is not NULL. out may alias x (the sum is taken before any write)."""
-    cdef Py_ssize_t j
-    cdef double ss = 0.0
-    cdef float v, inv
-    cdef const float *src = x
-    if residual != NULL:
-        for j in range(d):
-            v = residual[j] + x[j]
-            residual[j] = v
-            ss += <double>v * v
-        src = residual
-    else:
-        for j in range(d):
-            ss += <double>x[j] * x[j]
-    inv = <float>(1.0 / sqrt(ss / d + eps))
-    for j in range(d):
-        out[j] = weight[j] * (src[j] * inv)
+    pagedcy_rms_row(x, residual, weight, eps, out, d)
 
 
 cdef inline void _head(const float *src, const float *bias, const float *norm, float eps,

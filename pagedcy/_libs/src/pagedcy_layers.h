@@ -46,6 +46,40 @@ static inline float pagedcy_expf(float x_in) {
     return x_in < lo ? 0.0f : p;
 }
 
+/* out = weight * r / sqrt(mean(r^2) + eps) with r = x, or r = (residual += x) when
+ * residual is not NULL; out may alias x (the sum is taken before any write). The squares
+ * go into 16 float partial sums so the loop vectorises (a float reduction in one
+ * accumulator does not, without -ffast-math), then add up in double. */
+PAGEDCY_CLONES
+static void pagedcy_rms_row(const float *x, float *residual, const float *weight, float eps,
+                            float *out, ptrdiff_t d) {
+    float acc[16] = {0};
+    const float *src = x;
+    ptrdiff_t j = 0;
+    if (residual) {
+        for (; j + 16 <= d; j += 16)
+            for (int l = 0; l < 16; l++) {
+                const float v = residual[j + l] + x[j + l];
+                residual[j + l] = v;
+                acc[l] += v * v;
+            }
+        for (; j < d; j++) {
+            const float v = residual[j] + x[j];
+            residual[j] = v;
+            acc[0] += v * v;
+        }
+        src = residual;
+    } else {
+        for (; j + 16 <= d; j += 16)
+            for (int l = 0; l < 16; l++) acc[l] += x[j + l] * x[j + l];
+        for (; j < d; j++) acc[0] += x[j] * x[j];
+    }
+    double ss = 0.0;
+    for (int l = 0; l < 16; l++) ss += acc[l];
+    const float inv = (float)(1.0 / sqrt(ss / (double)d + eps));
+    for (j = 0; j < d; j++) out[j] = weight[j] * (src[j] * inv);
+}
+
 /* out[j] = silu(gate_up[j]) * gate_up[width + j] for one row laid out as gate | up. */
 PAGEDCY_CLONES
 static void pagedcy_silu_mul_row(const float *gate_up, float *out, ptrdiff_t width) {
