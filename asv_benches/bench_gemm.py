@@ -1,0 +1,36 @@
+"""asv benchmarks for the skinny projection kernel (``pagedcy._libs._gemm``) against NumPy.
+
+Shapes are the engine benchmark model's gate|up projection (2816 x 512) and its LM head
+(32000 x 512), at the row counts of decode steps; ``track_speedup_vs_numpy`` is
+``np.matmul(x, w.T)`` time over ours, measured back to back (absolute times drift on a
+shared machine). The full-step table with the crossover is ``asv_benches/gemm_skinny.py``.
+"""
+import numpy as np
+
+from pagedcy._libs._gemm import skinny_linear
+from pagedcy.tools.bench import best_time
+
+
+class SkinnyLinear:
+    params = ([1, 16, 64], [(2816, 512), (32000, 512)])
+    param_names = ["rows", "weight"]
+
+    def setup(self, rows, weight):
+        rng = np.random.default_rng(0)
+        self.x = rng.standard_normal((rows, weight[1]), dtype=np.float32)
+        self.w = rng.standard_normal(weight, dtype=np.float32)
+        self.out = np.empty((rows, weight[0]), np.float32)
+
+    def time_skinny_linear(self, rows, weight):
+        skinny_linear(self.x, self.w, self.out)
+
+    def time_numpy_matmul(self, rows, weight):
+        np.matmul(self.x, self.w.T, out=self.out)
+
+    def track_speedup_vs_numpy(self, rows, weight):
+        ours = best_time(lambda: skinny_linear(self.x, self.w, self.out), 5)
+        theirs = best_time(lambda: np.matmul(self.x, self.w.T, out=self.out), 5)
+        return theirs / ours
+
+    def track_gflops(self, rows, weight):
+        return 2.0 * rows * self.w.size / best_time(lambda: skinny_linear(self.x, self.w, self.out), 5) / 1e9
