@@ -226,8 +226,12 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
             /* The item's first page has had no previous page to prefetch
              * it: request all of it at once, so its misses overlap instead of
              * coming one demand line at a time (1.0-1.07x on head_dim 64
-             * decode from DRAM, AMD EPYC, 2 threads). */
-            if (p == p_first && gi == 0 && !(flags & PA_TUNE_NO_PF))
+             * decode from DRAM, AMD EPYC, 2 threads). Only small pages (16
+             * KiB there): a 128 KiB burst (head_dim 128, 8 KV heads) would
+             * queue ahead of the first demand loads and was not measured to
+             * help. */
+            if (p == p_first && gi == 0 && !(flags & PA_TUNE_NO_PF)
+                && 2 * (int64_t)nt * ng * row_bytes <= 32768)
                 pa_prefetch_slices(page + (int64_t)it->g0 * row_bytes,
                                    page + (int64_t)T * row_stride + (int64_t)it->g0 * row_bytes, nt,
                                    row_stride, (int64_t)ng * row_bytes, flags);
