@@ -28,6 +28,19 @@
  * three FMA-port uops here, so it does not help either. Dropping the 16x16
  * score reduction altogether (what a transposed K layout would buy) made
  * fp16 decode only 4% faster.
+ *
+ * Head_dim 64 decode (8 query / 2 KV heads, float32; asv_benches/
+ * attn_model_shapes.py, AMD EPYC, L2-resident KV): per page and KV head the
+ * score kernel took ~100 ns, P.V ~90 ns, the softmax ~30 ns, bookkeeping
+ * ~20 ns; the 256 FMAs of each of QK and PV alone take ~70 ns. Two score
+ * kernels with the query block in registers and K broadcast per 4 or 8
+ * dimensions (a 4- or 8-lane final sum instead of pa_hsum16x16) were no
+ * faster (0.97-1.03x), so that time is not the reduction. From DRAM the
+ * page walk (16 KiB of K/V per page at a 128 KiB page stride) reads at
+ * ~20 GB/s per thread, about what a plain C loop over the same layout with
+ * the same prefetch reaches; front-loading the next page's prefetch into
+ * the first head's kernels (0.70x) or prefetching every other line (0.56x)
+ * was slower, two pages ahead no faster (0.97-1.0x).
  */
 #ifndef PAGEDCY_ATTN_AVX512_H
 #define PAGEDCY_ATTN_AVX512_H
