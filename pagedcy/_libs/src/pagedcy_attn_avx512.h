@@ -28,6 +28,19 @@
  * three FMA-port uops here, so it does not help either. Dropping the 16x16
  * score reduction altogether (what a transposed K layout would buy) made
  * fp16 decode only 4% faster.
+ *
+ * Head_dim 64 decode (8 query / 2 KV heads, float32; asv_benches/
+ * attn_model_shapes.py, AMD EPYC, L2-resident KV): per page and KV head the
+ * score kernel took ~100 ns, P.V ~90 ns, the softmax ~30 ns, bookkeeping
+ * ~20 ns; the 256 FMAs of each of QK and PV alone take ~70 ns. Two score
+ * kernels with the query block in registers and K broadcast per 4 or 8
+ * dimensions (a 4- or 8-lane final sum instead of pa_hsum16x16) were no
+ * faster (0.97-1.03x), so that time is not the reduction. From DRAM the
+ * page walk (16 KiB of K/V per page at a 128 KiB page stride) reads at
+ * ~20 GB/s per thread, about what a plain C loop over the same layout with
+ * the same prefetch reaches; front-loading the next page's prefetch into
+ * the first head's kernels (0.70x) or prefetching every other line (0.56x)
+ * was slower, two pages ahead no faster (0.97-1.0x).
  */
 #ifndef PAGEDCY_ATTN_AVX512_H
 #define PAGEDCY_ATTN_AVX512_H
@@ -251,24 +264,40 @@ PA_AVX512 static void pa_qk12_avx512(const float *qt, int D, const float *Kt, in
     if (t0 < thi) pa_qk12_avx2(qt, D, Kt, ldk, t0, thi, S0, S1, S2);
 }
 
+/* O[i][d0 : d0 + 16*NC] for the 12 rows: 12*NC accumulators in registers.
+ * NC = 2 halves the passes over the scores and over O per token and per page
+ * (1.1x on head_dim 64 causal prefill); NC a literal after inlining. */
+PA_AVX512_INLINE void pa_pv12_pass_z(float *O, int D, int d0, const float *alpha, const float *S0,
+                                     const float *S1, const float *S2, const float *V, int tlo, int thi,
+                                     int NC) {
+    __m512 c[2][12];
+    for (int i = 0; i < 12; i++) {
+        const __m512 al = _mm512_set1_ps(alpha[i]);
+        for (int n = 0; n < NC; n++)
+            c[n][i] = _mm512_mul_ps(_mm512_loadu_ps(O + (int64_t)i * D + d0 + 16 * n), al);
+    }
+    const float *v = V + (int64_t)tlo * D + d0;
+    for (int t = tlo; t < thi; t++, v += D) {
+        __m512 vv[2];
+        for (int n = 0; n < NC; n++) vv[n] = _mm512_loadu_ps(v + 16 * n);
+        const int64_t off = (int64_t)(t >> 1) * 8 + (t & 1);
+        const float *pb[3] = {S0 + off, S1 + off, S2 + off};
+        for (int i = 0; i < 12; i++) {
+            const __m512 b = _mm512_set1_ps(pb[i >> 2][2 * (i & 3)]);
+            for (int n = 0; n < NC; n++) c[n][i] = _mm512_fmadd_ps(b, vv[n], c[n][i]);
+        }
+    }
+    for (int i = 0; i < 12; i++)
+        for (int n = 0; n < NC; n++) _mm512_storeu_ps(O + (int64_t)i * D + d0 + 16 * n, c[n][i]);
+}
+
 PA_AVX512 static void pa_pv12_avx512(float *O, int D, const float *alpha, const float *S0, const float *S1,
                                      const float *S2, const float *V, int tlo, int thi) {
-    for (int d = 0; d < D; d += 16) {
-        float *o = O + d;
-        __m512 c[12];
-        for (int i = 0; i < 12; i++)
-            c[i] = _mm512_mul_ps(_mm512_loadu_ps(o + (int64_t)i * D), _mm512_set1_ps(alpha[i]));
-        const float *v = V + (int64_t)tlo * D + d;
-        for (int t = tlo; t < thi; t++, v += D) {
-            const __m512 vv = _mm512_loadu_ps(v);
-            const int64_t off = (int64_t)(t >> 1) * 8 + (t & 1);
-            const float *pb[3] = {S0 + off, S1 + off, S2 + off};
-            for (int i = 0; i < 12; i++)
-                c[i] = _mm512_fmadd_ps(_mm512_set1_ps(pb[i >> 2][2 * (i & 3)]), vv, c[i]);
-        }
-        for (int i = 0; i < 12; i++) _mm512_storeu_ps(o + (int64_t)i * D, c[i]);
-    }
+    int d = 0;
+    for (; d + 32 <= D; d += 32) pa_pv12_pass_z(O, D, d, alpha, S0, S1, S2, V, tlo, thi, 2);
+    if (d < D) pa_pv12_pass_z(O, D, d, alpha, S0, S1, S2, V, tlo, thi, 1);
 }
+
 
 /* Decode entry points, same signatures as the AVX2 ones; 16-wide loads widen
  * bf16 in order, so perm is never set here. */

@@ -25,8 +25,9 @@ enum pagedcy_attn_tune {
     PA_TUNE_PREFILL_M32 = 256,    /* ... of 32 */
     PA_TUNE_PREFILL_M256 = 512,   /* ... of 256 */
     PA_TUNE_NO_QK3 = 1024,        /* AVX2 decode: no 3-token score kernel */
-    PA_TUNE_PF_PARTIAL = 2048     /* decode: prefetch only the start of each stretch (1 KiB
+    PA_TUNE_PF_PARTIAL = 2048,    /* decode: prefetch only the start of each stretch (1 KiB
                                    * float32, 2 KiB 16-bit) and leave the rest to the hardware */
+    PA_TUNE_PREFILL_M512 = 4096   /* prefill items of 512 query vectors */
 };
 
 typedef struct {
