@@ -26,6 +26,8 @@ SETTINGS = [
     ("default", {}, False),
     ("libgomp default (GOMP_SPINCOUNT=300000)", {"GOMP_SPINCOUNT": "300000"}, False),
     ("OMP_WAIT_POLICY=passive", {"OMP_WAIT_POLICY": "passive"}, False),
+    ("OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=1000 (pagedcy's default)",
+     {"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "1000"}, False),
     ("OMP_WAIT_POLICY=active", {"OMP_WAIT_POLICY": "active"}, False),
     ("GOMP_SPINCOUNT=1000", {"GOMP_SPINCOUNT": "1000"}, False),
     ("OPENBLAS_NUM_THREADS=1", {"OPENBLAS_NUM_THREADS": "1"}, False),

@@ -29,6 +29,7 @@ cdef extern from "pagedcy_attention.h":
         int64_t nitems, ngroups
         int64_t part_o_floats, part_lse_floats
         int64_t ws_floats
+        int32_t nthreads
     int PAGEDCY_F32, PAGEDCY_F16, PAGEDCY_BF16, PAGEDCY_I8, PAGEDCY_I8_SCALE_BYTES
     int PAGEDCY_SIMD_AVX512
     enum:
@@ -78,6 +79,8 @@ cdef int _run_kernel(const pagedcy_attn_params *P, int num_threads, int64_t kv_c
     if pl == NULL:
         return -1
     cdef int nt = num_threads
+    if nt > pl.nthreads:
+        nt = pl.nthreads
     if nt > pl.nitems:
         nt = <int>pl.nitems if pl.nitems > 0 else 1
     cdef float *ws = <float *>pagedcy_aligned_alloc(<size_t>(nt * pl.ws_floats) * sizeof(float))

@@ -23,9 +23,12 @@ cdef extern from "pagedcy_gemm.h" nogil:
 # Rows up to which linear() takes the skinny kernel rather than BLAS: the crossover measured
 # with asv_benches/gemm_skinny.py on the engine benchmark's shapes.
 SKINNY_MAX_ROWS = 64
-# Below this many multiply-adds a call runs on one thread: waking a passive OpenMP worker
-# costs more than the work.
-PARALLEL_MACS = 1 << 18
+# A call runs on one thread unless its weight has PARALLEL_WEIGHT_BYTES (the memory-bound
+# case, few rows) or it does PARALLEL_MACS multiply-adds (compute-bound, many rows): waking
+# a passive OpenMP worker took ~60 us on the 2-core EPYC VM, as long as one thread takes to
+# stream a 1.5 MB weight or do ~3M multiply-adds.
+PARALLEL_WEIGHT_BYTES = 4 << 20
+PARALLEL_MACS = 8 << 20
 # Weight rows per thread start on this boundary (whole 8-row blocks).
 cdef int _ROW_ALIGN = 8
 _INT_MAX = 2**31 - 1
@@ -41,7 +44,7 @@ cdef int _skinny(cnp.ndarray x, cnp.ndarray w, cnp.ndarray out, int nt, int simd
     blocks = (N + _ROW_ALIGN - 1) // _ROW_ALIGN
     if nt > blocks:
         nt = blocks
-    if not PAGEDCY_OPENMP or <double>M * N * K < PARALLEL_MACS:
+    if not PAGEDCY_OPENMP or (4.0 * N * K < PARALLEL_WEIGHT_BYTES and <double>M * N * K < PARALLEL_MACS):
         nt = 1
     if nt == 1:
         with nogil:

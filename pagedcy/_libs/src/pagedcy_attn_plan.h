@@ -24,6 +24,14 @@
 #define PAGEDCY_ATTN_DECODE_M 16
 #endif
 #define PAGEDCY_ATTN_MIN_CHUNK 256
+/* Below this much work (cost units, see pa_plan_pass, times head_dim: about
+ * 4 flops each) a call runs on one thread. Waking a passive OpenMP worker
+ * took ~60 us on the 2-core EPYC VM, and a single-sequence decode step
+ * (512 tokens, 8 heads of 64: 0.26M) spent ~130 us per layer in two woken
+ * regions (items, then the split merge) for ~20 us of work. */
+#ifndef PAGEDCY_ATTN_MIN_PARALLEL_WORK
+#define PAGEDCY_ATTN_MIN_PARALLEL_WORK (1 << 21)
+#endif
 
 static int pa_item_cmp_group(const void *a, const void *b) {
     const pagedcy_attn_item *x = (const pagedcy_attn_item *)a, *y = (const pagedcy_attn_item *)b;
@@ -158,8 +166,11 @@ static inline pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_param
         for (int64_t i = 0; i < pl->nitems; i++) tot += pl->items[i].cost;
         free(pl->items);
         pl->items = NULL;
-        max_cost = tot / (8.0 * nthreads);
+        /* Too little work to pay for waking another thread: one thread, no splits. */
+        if (tot * P->D < PAGEDCY_ATTN_MIN_PARALLEL_WORK) nthreads = 1;
+        else max_cost = tot / (8.0 * nthreads);
     }
+    pl->nthreads = nthreads > 0 ? nthreads : 1;
     pa_plan_pass(P, kv_chunk, pl, 0, max_cost);
     pl->items = (pagedcy_attn_item *)malloc(sizeof(pagedcy_attn_item) * (pl->nitems ? pl->nitems : 1));
     pl->groups = (pagedcy_attn_group *)malloc(sizeof(pagedcy_attn_group) * (pl->ngroups ? pl->ngroups : 1));

@@ -68,6 +68,7 @@ typedef struct {
     int64_t nitems, ngroups;
     int64_t part_o_floats, part_lse_floats;
     int64_t ws_floats;           /* scratch per thread */
+    int32_t nthreads;            /* threads worth waking for this batch (<= the request) */
 } pagedcy_attn_plan;
 
 /* Bytes per stored K/V element (an int8 row also carries its scale, see
