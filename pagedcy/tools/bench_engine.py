@@ -303,7 +303,7 @@ def format_b(ours, theirs):
     """Workload B's markdown table: pagedcy's rates beside llama.cpp's (``theirs``, or None)."""
     keys = [("prefill tok/s", "prefill_tps", "{:.0f}", True),
             ("generation tok/s (all sequences)", "gen_tps", "{:.0f}", True),
-            ("total seconds", "total_s", "{:.2f}", False),
+            ("total seconds", "total_s", "{:.3g}", False),
             ("single-sequence prefill tok/s", "single_prefill_tps", "{:.0f}", True),
             ("single-sequence decode tok/s", "single_decode_tps", "{:.1f}", True)]
     rows = []
