@@ -24,10 +24,11 @@ cdef extern from "pagedcy_gemm.h" nogil:
 # with asv_benches/gemm_skinny.py on the engine benchmark's shapes.
 SKINNY_MAX_ROWS = 64
 # A call runs on one thread unless its weight has PARALLEL_WEIGHT_BYTES (the memory-bound
-# case, few rows) or it does PARALLEL_MACS multiply-adds (compute-bound, many rows): waking
-# a passive OpenMP worker took ~60 us on the 2-core EPYC VM, as long as one thread takes to
-# stream a 1.5 MB weight or do ~3M multiply-adds.
-PARALLEL_WEIGHT_BYTES = 4 << 20
+# case, few rows) or it does PARALLEL_MACS multiply-adds (compute-bound, many rows): waking an
+# OpenMP worker costs about what one thread takes to stream a weight of that size. Measured
+# on the 2-core EPYC VM under pagedcy's wait policy: a 1-row forward of the benchmark model
+# took 5.2 ms at 1 MiB, 6.0 ms at 4 MiB, 7.4 ms on one thread throughout.
+PARALLEL_WEIGHT_BYTES = 1 << 20
 PARALLEL_MACS = 8 << 20
 # Weight rows per thread start on this boundary (whole 8-row blocks).
 cdef int _ROW_ALIGN = 8
