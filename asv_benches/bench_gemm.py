@@ -1,18 +1,18 @@
-"""asv benchmarks for the skinny projection kernel (``pagedcy._libs._gemm``) against NumPy.
+"""asv benchmarks for the projection kernel (``pagedcy._libs._gemm``) against NumPy.
 
 Shapes are the engine benchmark model's gate|up projection (2816 x 512) and its LM head
-(32000 x 512), at the row counts of decode steps; ``track_speedup_vs_numpy`` is
+(32000 x 512), at decode and prefill row counts; ``track_speedup_vs_numpy`` is
 ``np.matmul(x, w.T)`` time over ours, measured back to back (absolute times drift on a
-shared machine). The full-step table with the crossover is ``asv_benches/gemm_skinny.py``.
+shared machine). The full-step table is ``asv_benches/gemm_step.py``.
 """
 import numpy as np
 
-from pagedcy._libs._gemm import skinny_linear
+from pagedcy._libs._gemm import linear_kernel
 from pagedcy.tools.bench import best_time
 
 
-class SkinnyLinear:
-    params = ([1, 16, 64], [(2816, 512), (32000, 512)])
+class LinearKernel:
+    params = ([1, 16, 64, 1024], [(2816, 512), (32000, 512)])
     param_names = ["rows", "weight"]
 
     def setup(self, rows, weight):
@@ -21,16 +21,16 @@ class SkinnyLinear:
         self.w = rng.standard_normal(weight, dtype=np.float32)
         self.out = np.empty((rows, weight[0]), np.float32)
 
-    def time_skinny_linear(self, rows, weight):
-        skinny_linear(self.x, self.w, self.out)
+    def time_linear_kernel(self, rows, weight):
+        linear_kernel(self.x, self.w, self.out)
 
     def time_numpy_matmul(self, rows, weight):
         np.matmul(self.x, self.w.T, out=self.out)
 
     def track_speedup_vs_numpy(self, rows, weight):
-        ours = best_time(lambda: skinny_linear(self.x, self.w, self.out), 5)
+        ours = best_time(lambda: linear_kernel(self.x, self.w, self.out), 5)
         theirs = best_time(lambda: np.matmul(self.x, self.w.T, out=self.out), 5)
         return theirs / ours
 
     def track_gflops(self, rows, weight):
-        return 2.0 * rows * self.w.size / best_time(lambda: skinny_linear(self.x, self.w, self.out), 5) / 1e9
+        return 2.0 * rows * self.w.size / best_time(lambda: linear_kernel(self.x, self.w, self.out), 5) / 1e9

@@ -1,4 +1,4 @@
-"""pagedcy._libs._gemm (the skinny projection kernel) against a float64 NumPy reference."""
+"""pagedcy._libs._gemm (the projection kernel) against a float64 NumPy reference."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from pagedcy._libs import _gemm
 from pagedcy._libs._attention import simd_level
-from pagedcy._libs._gemm import SKINNY_MAX_ROWS, _skinny_linear_tuned, linear, skinny_linear
+from pagedcy._libs._gemm import _linear_kernel_tuned, linear, linear_kernel
 
 # every instruction set this machine runs, scalar included
 LEVELS = [lv for lv in (2, 1, 0) if lv <= simd_level()]
@@ -33,7 +33,7 @@ def _check(out, x, w):
 def test_matches_float64_reference(level, threads, m, k, n):
     rng = np.random.default_rng(m * 1000 + k + n)
     x, w, out = _case(rng, m, k, n)
-    assert _skinny_linear_tuned(x, w, out, threads, level) is out
+    assert _linear_kernel_tuned(x, w, out, threads, level) is out
     _check(out, x, w)
 
 
@@ -42,7 +42,7 @@ def test_matches_float64_reference(level, threads, m, k, n):
        threads=st.integers(1, 3), level=st.sampled_from(LEVELS), seed=st.integers(0, 2**16))
 def test_random_shapes(m, k, n, threads, level, seed):
     x, w, out = _case(np.random.default_rng(seed), m, k, n)
-    _skinny_linear_tuned(x, w, out, threads, level)
+    _linear_kernel_tuned(x, w, out, threads, level)
     _check(out, x, w)
 
 
@@ -57,15 +57,15 @@ def test_a_row_does_not_depend_on_the_batch(level):
     for m in (1, 2, 3, 4, 5, 8, 13, 37):
         for threads in (1, 2):
             out = np.empty((m, 300), np.float32)
-            _skinny_linear_tuned(x[:m], w, out, threads, level)
+            _linear_kernel_tuned(x[:m], w, out, threads, level)
             for i in range(m):
-                _skinny_linear_tuned(x[i:i + 1], w, alone, 1, level)
+                _linear_kernel_tuned(x[i:i + 1], w, alone, 1, level)
                 assert np.array_equal(out[i], alone[0]), (m, threads, i)
 
 
-def test_linear_takes_blas_above_the_threshold_and_agrees():
+def test_linear_agrees_for_decode_and_prefill_sizes():
     rng = np.random.default_rng(3)
-    for m in (1, SKINNY_MAX_ROWS, SKINNY_MAX_ROWS + 1, 3 * SKINNY_MAX_ROWS):
+    for m in (1, 64, 65, 300, 1100):
         x, w, out = _case(rng, m, 96, 40)
         assert linear(x, w, out) is out
         _check(out, x, w)
@@ -77,20 +77,20 @@ def test_special_values_propagate():
     x[0, 5] = np.inf
     w[2, 19] = np.nan
     out = np.empty((2, 3), np.float32)
-    skinny_linear(x, w, out)
+    linear_kernel(x, w, out)
     assert np.isinf(out[0, 0]) and np.isnan(out[0, 2]) and np.isnan(out[1, 2])
     assert np.array_equal(out[1, :2], [20, 20])
 
 
 def test_empty_dimensions():
     out = np.full((0, 4), 1, np.float32)
-    skinny_linear(np.empty((0, 3), np.float32), np.ones((4, 3), np.float32), out)
+    linear_kernel(np.empty((0, 3), np.float32), np.ones((4, 3), np.float32), out)
     out = np.full((2, 4), 5, np.float32)
-    skinny_linear(np.empty((2, 0), np.float32), np.ones((4, 0), np.float32), out)
+    linear_kernel(np.empty((2, 0), np.float32), np.ones((4, 0), np.float32), out)
     assert np.array_equal(out, np.zeros((2, 4)))
 
 
-@pytest.mark.parametrize("fn", [linear, skinny_linear])
+@pytest.mark.parametrize("fn", [linear, linear_kernel])
 def test_bad_input(fn):
     x, w, out = _case(np.random.default_rng(0), 2, 8, 4)
     with pytest.raises(TypeError):
@@ -121,4 +121,15 @@ def test_bad_input(fn):
 
 
 def test_module_constants():
-    assert SKINNY_MAX_ROWS >= 1 and _gemm.PARALLEL_MACS >= 1
+    assert _gemm.PARALLEL_WEIGHT_BYTES >= 1 and _gemm.PARALLEL_MACS >= 1
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_many_rows_cross_the_row_chunks(level):
+    """Prefill-sized batches go through the kernel in chunks of rows (pagedcy_gemm.h): rows on
+    both sides of every chunk boundary, at K that gives several chunk sizes."""
+    rng = np.random.default_rng(11)
+    for m, k, n in ((700, 512, 70), (333, 1408, 20), (9000, 8, 12)):
+        x, w, out = _case(rng, m, k, n)
+        _linear_kernel_tuned(x, w, out, 2, level)
+        _check(out, x, w)

@@ -1,11 +1,15 @@
-"""Float32 projections ``x @ weight.T`` for the few-row batches of a decode step.
+"""Float32 projections ``x @ weight.T`` on pagedcy's own GEMM kernel.
 
 ``linear(x, weight, out)`` is the forward pass's projection, with ``weight`` stored as
 checkpoints store it (``[out_features, in_features]``, like ``torch.nn.functional.linear``).
-For up to ``SKINNY_MAX_ROWS`` rows it runs pagedcy's own register-blocked kernel
-(``pagedcy_gemm.h``: AVX-512 or AVX2, picked at run time), which streams the weight once,
-front to back; above that, and on CPUs without AVX2, NumPy's BLAS, which is at its best
-there. ``skinny_linear`` is the kernel alone.
+It runs pagedcy's register-blocked kernel (``pagedcy_gemm.h``: AVX-512 or AVX2, picked at
+run time) on pagedcy's OpenMP threads, for a decode step's few rows as for a prefill's
+thousands; NumPy's BLAS only on CPUs without AVX2. Why not BLAS: with few rows OpenBLAS
+repacks the whole weight on every call (a 16-row decode step's projections ran at 75 GFLOP/s
+against ~200 here), and between BLAS calls its threads spin, taking the cores from the
+attention and elementwise kernels' OpenMP threads (a 2048-token prefill step's attention took
+120 ms after OpenBLAS GEMMs, 63 ms with OpenBLAS on one thread). ``linear_kernel`` is the
+kernel alone, on any CPU (scalar C without AVX2).
 """
 import numpy as np
 cimport numpy as cnp
@@ -20,9 +24,6 @@ cnp.import_array()
 cdef extern from "pagedcy_gemm.h" nogil:
     int pagedcy_simd_level()
 
-# Rows up to which linear() takes the skinny kernel rather than BLAS: the crossover measured
-# with asv_benches/gemm_skinny.py on the engine benchmark's shapes.
-SKINNY_MAX_ROWS = 64
 # A call runs on one thread unless its weight has PARALLEL_WEIGHT_BYTES (the memory-bound
 # case, few rows) or it does PARALLEL_MACS multiply-adds (compute-bound, many rows): waking an
 # OpenMP worker costs about what one thread takes to stream a weight of that size. Measured
@@ -35,7 +36,7 @@ cdef int _ROW_ALIGN = 8
 _INT_MAX = 2**31 - 1
 
 
-cdef int _skinny(cnp.ndarray x, cnp.ndarray w, cnp.ndarray out, int nt, int simd) except -1:
+cdef int _kernel(cnp.ndarray x, cnp.ndarray w, cnp.ndarray out, int nt, int simd) except -1:
     cdef int M = x.shape[0], K = x.shape[1], N = w.shape[0], t, blocks
     cdef const float *xp = <const float *>cnp.PyArray_DATA(x)
     cdef const float *wp = <const float *>cnp.PyArray_DATA(w)
@@ -68,34 +69,34 @@ cdef tuple _check(object x, object weight, object out):
     return xa, wa, oa
 
 
-def skinny_linear(x, weight, out, num_threads=None):
-    """``out[...] = x @ weight.T`` with pagedcy's skinny kernel: ``x`` float32 ``[M, K]``,
-    ``weight`` float32 ``[N, K]``, ``out`` float32 ``[M, N]``, all C-contiguous, ``out``
-    overlapping neither. Weight rows are split over ``num_threads`` OpenMP threads. Any M
-    works; it is fastest for small M (see ``linear``). TypeError for a non-array or
-    non-float32 input, ValueError for shapes, contiguity or overlap. Returns ``out``."""
-    return _skinny_linear_tuned(x, weight, out, num_threads)
+def linear_kernel(x, weight, out, num_threads=None):
+    """``out[...] = x @ weight.T`` with pagedcy's kernel: ``x`` float32 ``[M, K]``, ``weight``
+    float32 ``[N, K]``, ``out`` float32 ``[M, N]``, all C-contiguous, ``out`` overlapping
+    neither. Weight rows are split over ``num_threads`` OpenMP threads. TypeError for a
+    non-array or non-float32 input, ValueError for shapes, contiguity or overlap. Returns
+    ``out``."""
+    return _linear_kernel_tuned(x, weight, out, num_threads)
 
 
-def _skinny_linear_tuned(x, weight, out, num_threads=None, max_simd=2):
-    """Private: ``skinny_linear`` with the instruction set capped at ``max_simd`` (0 scalar,
+def _linear_kernel_tuned(x, weight, out, num_threads=None, max_simd=2):
+    """Private: ``linear_kernel`` with the instruction set capped at ``max_simd`` (0 scalar,
     1 AVX2, 2 AVX-512), for tests and benchmarks."""
     xa, wa, oa = _check(x, weight, out)
     cdef int nt = resolve_num_threads(num_threads)
     cdef int simd = min(int(max_simd), pagedcy_simd_level())
-    _skinny(xa, wa, oa, nt, simd)
+    _kernel(xa, wa, oa, nt, simd)
     return out
 
 
 def linear(x, weight, out, num_threads=None):
     """``out[...] = x @ weight.T``: ``x`` float32 ``[M, K]``, ``weight`` float32 ``[N, K]``
     (output-major, as checkpoints store projections), ``out`` float32 ``[M, N]``, all
-    C-contiguous. The skinny kernel for ``M <= SKINNY_MAX_ROWS`` on a CPU with AVX2 (or
-    AVX-512), else ``np.matmul``. Errors as ``skinny_linear``. Returns ``out``."""
+    C-contiguous. pagedcy's kernel on a CPU with AVX2 (or AVX-512), else ``np.matmul``.
+    Errors as ``linear_kernel``. Returns ``out``."""
     xa, wa, oa = _check(x, weight, out)
     cdef int simd = pagedcy_simd_level()
-    if xa.shape[0] <= SKINNY_MAX_ROWS and simd >= 1:
-        _skinny(xa, wa, oa, resolve_num_threads(num_threads), simd)
+    if simd >= 1:
+        _kernel(xa, wa, oa, resolve_num_threads(num_threads), simd)
     else:
         np.matmul(xa, wa.T, out=oa)
     return out

@@ -186,8 +186,8 @@ PG_AVX2 static void pg_tile_avx2(int mr, int nb, int K, const float *A, int64_t 
 /* Columns [n0, n1) of C = A @ W^T (every row of A; rows [n0, n1) of W), on
  * the calling thread. simd: a PAGEDCY_SIMD_* cap; the CPU and the build may
  * lower it. */
-static void pagedcy_gemm_nt_rows(int simd, int M, int n0, int n1, int K, const float *A, int64_t lda,
-                                 const float *W, int64_t ldw, float *C, int64_t ldc) {
+static void pg_gemm_nt_chunk(int simd, int M, int n0, int n1, int K, const float *A, int64_t lda,
+                             const float *W, int64_t ldw, float *C, int64_t ldc) {
     int level = 0, nb_max = 8, mr_max = 3;
 #if PG_HAVE_SIMD
     if (simd >= PAGEDCY_SIMD_AVX512 && pagedcy_cpu_has_avx512()) {
@@ -229,6 +229,22 @@ static void pagedcy_gemm_nt_rows(int simd, int M, int n0, int n1, int K, const f
             m += mr;
         }
     }
+}
+
+/* Columns [n0, n1) of C = A @ W^T (every row of A; rows [n0, n1) of W), on
+ * the calling thread. simd: a PAGEDCY_SIMD_* cap; the CPU and the build may
+ * lower it. Rows of A go in chunks of ~PG_A_CHUNK_BYTES, so a chunk stays in
+ * L2 while the thread's part of W streams past it once per chunk (from L3
+ * after the first): without chunks a prefill's 2048 rows were re-read from
+ * memory for every block of W. */
+#define PG_A_CHUNK_BYTES (256 * 1024)
+static void pagedcy_gemm_nt_rows(int simd, int M, int n0, int n1, int K, const float *A, int64_t lda,
+                                 const float *W, int64_t ldw, float *C, int64_t ldc) {
+    int mc = (int)(PG_A_CHUNK_BYTES / ((int64_t)4 * (K > 0 ? K : 1))) & ~3;
+    if (mc < 4) mc = 4;
+    for (int m0 = 0; m0 < M; m0 += mc)
+        pg_gemm_nt_chunk(simd, pg_min(mc, M - m0), n0, n1, K, A + (int64_t)m0 * lda, lda, W, ldw,
+                         C + (int64_t)m0 * ldc, ldc);
 }
 
 #endif
