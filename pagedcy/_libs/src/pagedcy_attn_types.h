@@ -82,12 +82,26 @@ static inline int64_t pa_pair_idx(int r, int t) { return (int64_t)(t >> 1) * 8 +
  * token's row scale (at `scales` + t * stride bytes). Applied to the raw
  * q.k sums (K scales) and to the softmax weights before P.V (V scales), so
  * the kernels only widen int8 to float and never dequantize a whole row. */
+static inline void pa_i8_scale_one(float *S, int t, const char *scales, int64_t stride) {
+    float s;
+    memcpy(&s, scales + (int64_t)t * stride, sizeof(float));
+    for (int r = 0; r < 4; r++) S[pa_pair_idx(r, t)] *= s;
+}
+
 static inline void pa_i8_scale_pairs(float *S, int tlo, int thi, const char *scales, int64_t stride) {
-    for (int t = tlo; t < thi; t++) {
-        float s;
-        memcpy(&s, scales + (int64_t)t * stride, sizeof(float));
-        for (int r = 0; r < 4; r++) S[pa_pair_idx(r, t)] *= s;
+    int t = tlo;
+    if (t & 1) pa_i8_scale_one(S, t++, scales, stride);
+    /* a whole pair is 8 consecutive floats (s0, s1, s0, s1, ...): written so the
+     * compiler multiplies it by one vector instead of 8 indexed scalars (the
+     * per-token version cost int8 decode ~15% against fp16 with K/V in cache) */
+    for (; t + 1 < thi; t += 2) {
+        float s0, s1;
+        memcpy(&s0, scales + (int64_t)t * stride, sizeof(float));
+        memcpy(&s1, scales + (int64_t)(t + 1) * stride, sizeof(float));
+        float *p = S + (int64_t)(t >> 1) * 8;
+        for (int k = 0; k < 8; k += 2) { p[k] *= s0; p[k + 1] *= s1; }
     }
+    if (t < thi) pa_i8_scale_one(S, t, scales, stride);
 }
 
 /* Runs `...` (a statement using the name DT) with DT a compile-time constant
