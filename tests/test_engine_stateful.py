@@ -112,3 +112,52 @@ EngineMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=
                                            deadline=None,
                                            suppress_health_check=[HealthCheck.too_slow])
 TestEngineMachine = EngineMachine.TestCase
+
+
+# the falsifying example, as (own tokens, shared prefix?, kind, max_tokens) adds and aborts
+_LIVELOCK = [("add", [0], True, "greedy", 1), ("abort", "r0"),
+             ("add", [53, 0, 0, 24, 0, 20, 59, 50], False, "greedy", 8),
+             ("add", [20, 0, 0, 0, 55, 58, 22, 56, 0, 17, 0, 37, 35, 42], True, "greedy", 8),
+             ("add", [27], False, "greedy", 8), ("add", [14, 30], False, "greedy", 5),
+             ("add", [24, 49, 51, 0, 59, 53, 37, 60, 0, 47], False, "greedy", 2),
+             ("add", [37], False, "greedy", 3), ("add", [0, 26, 0], False, "greedy", 8),
+             ("add", [33, 32], False, "greedy", 2),
+             ("add", [12, 29, 39, 28, 38, 18, 18], True, "greedy", 7), ("abort", "r7"),
+             ("abort", "r6"),
+             ("add", [38, 33, 45, 47, 0, 30, 0, 56, 33, 28, 48, 58, 58, 0], False, "greedy", 5),
+             ("add", [0, 29, 48, 33, 47, 49, 37, 20, 26, 56, 0, 36, 60, 57], False, "greedy", 8),
+             ("abort", "r10"), ("add", [62, 40, 36], False, "greedy", 3),
+             ("add", [38], False, "greedy", 1), ("abort", "r2"),
+             ("add", [0, 0, 0, 0, 0], False, "greedy", 6), ("abort", "r1"), ("abort", "r13"),
+             ("add", [0, 0], True, "seeded-n2", 8), ("add", [0, 0, 0], False, "seeded-n2", 8),
+             ("add", [0] * 13, False, "greedy", 1), ("abort", "r12")]
+
+
+def test_admission_leaves_room_for_copy_on_write():
+    """Regression, the machine's falsifying example replayed: two n=2 requests just forked
+    share the page each completion writes next, so the step needs two copy-on-write pages
+    that the pool's free count does not show yet. Admitting a waiting 13-token prompt into
+    them made every step fail at prepare_step, preempt the newcomer and admit it again."""
+    eng = LLMEngine.from_model(MODEL, page_size=4, kv_cache_pages=10, max_num_batched_tokens=9,
+                               preemption_mode="recompute", swap_pages=0, max_num_seqs=5,
+                               enable_prefix_cache=True)
+    reqs, n = {}, 0
+    for op in _LIVELOCK:
+        if op[0] == "abort":
+            eng.abort_request(op[1])
+            reqs.pop(op[1])
+            continue
+        _, own, shared, kind, max_tokens = op
+        params = (SamplingParams(temperature=0, max_tokens=max_tokens) if kind == "greedy" else
+                  SamplingParams(temperature=1.0, top_k=8, seed=0, max_tokens=max_tokens, n=2))
+        reqs[f"r{n}"] = ((PREFIX if shared else []) + own, params)
+        eng.add_request(f"r{n}", *reqs[f"r{n}"])
+        n += 1
+    done, steps = {}, 0
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = [c.token_ids for c in out.outputs]
+        steps += 1
+        assert steps < 500, "the engine stopped making progress"
+    assert done == {rid: alone(*reqs[rid]) for rid in reqs}

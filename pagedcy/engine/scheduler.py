@@ -184,6 +184,10 @@ class Scheduler:
         scheduled = []
         preempted = False
         free = mgr.free_blocks()
+        # copy-on-write pages the scheduled sequences take in prepare_step: free_blocks()
+        # does not show them yet, and admitting a prompt into them made every step fail
+        # (a livelock the state-machine test found: admit, fail, preempt, admit again)
+        cow = 0
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
@@ -200,18 +204,19 @@ class Scheduler:
             else:
                 self._extend(seq, q, grow)
                 free -= need
+                cow += need - grow
                 scheduled.append((seq, q))
                 budget -= q
                 i += 1
                 continue
             break
         if not preempted:
-            budget = self._resume_swapped(scheduled, budget)
+            budget = self._resume_swapped(scheduled, budget, cow)
             if not self.swapped:
-                self._admit_waiting(scheduled, budget)
+                self._admit_waiting(scheduled, budget, cow)
         return ScheduledBatch(scheduled)
 
-    def _resume_swapped(self, scheduled, budget):
+    def _resume_swapped(self, scheduled, budget, cow):
         mgr = self.manager
         while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.swapped[0]
@@ -220,7 +225,7 @@ class Scheduler:
             q = min(seq.pending(), budget)
             grow = max(0, -(-(seq.num_computed + q) // self.page_size) - nb)
             reserve = self.watermark if self.running else 0
-            if nb + grow + reserve > mgr.free_blocks():
+            if nb + grow + reserve + cow > mgr.free_blocks():
                 break
             mgr.swap_in(h)
             self.swapped.popleft()
@@ -231,7 +236,7 @@ class Scheduler:
             budget -= q
         return budget
 
-    def _admit_waiting(self, scheduled, budget):
+    def _admit_waiting(self, scheduled, budget, cow):
         mgr = self.manager
         ps = self.page_size
         while self.waiting and budget > 0:
@@ -246,7 +251,7 @@ class Scheduler:
             if not mgr.can_allocate(req):
                 break
             # (counting the whole prompt: an upper bound when the prefix cache hits)
-            if self.running and mgr.free_blocks() - (-(-seq.tokens.shape[0] // ps)) \
+            if self.running and mgr.free_blocks() - cow - (-(-seq.tokens.shape[0] // ps)) \
                     < self.watermark:
                 break
             h = mgr.allocate(req)
