@@ -1,4 +1,4 @@
-# Skinny float32 GEMM (pagedcy_gemm.h): columns [n0, n1) of A @ W^T on the calling thread.
+# Float32 GEMM kernel (pagedcy_gemm.h): columns [n0, n1) of A @ W^T on the calling thread.
 from libc.stdint cimport int64_t
 
 cdef extern from "pagedcy_gemm.h" nogil:

@@ -43,11 +43,6 @@ class LayerWeights:
         return sum(a.nbytes for a in dataclasses.astuple(self) if isinstance(a, np.ndarray))
 
 
-def _fused(parts):
-    """Stack [out_i, in] matrices along out into one contiguous [sum(out_i), in]."""
-    return np.concatenate(parts, axis=0)
-
-
 def load_layer(reader: CheckpointReader, cfg: ModelConfig, i: int) -> LayerWeights:
     """Read, check and fuse layer ``i`` of a checkpoint (ValueError names a missing tensor
     or a wrong shape)."""
@@ -60,10 +55,10 @@ def load_layer(reader: CheckpointReader, cfg: ModelConfig, i: int) -> LayerWeigh
 
     attn = "self_attn."
     q, k, v = (get(attn + f"{n}_proj.weight", (w, h)) for n, w in (("q", qd), ("k", kd), ("v", kd)))
-    w_qkv = _fused([q, k, v])
+    w_qkv = np.concatenate([q, k, v])
     del q, k, v
     gate, up = get("mlp.gate_proj.weight", (inter, h)), get("mlp.up_proj.weight", (inter, h))
-    w_gate_up = _fused([gate, up])
+    w_gate_up = np.concatenate([gate, up])
     del gate, up
     layer = LayerWeights(
         input_norm=get("input_layernorm.weight", (h,)),

@@ -1,11 +1,13 @@
-/* Skinny float32 GEMM with a row-major weight: C[M, N] = A[M, K] @ W[N, K]^T
- * for the few rows of a decode step (W as checkpoints store a projection,
- * output-major).
+/* Float32 GEMM with a row-major weight: C[M, N] = A[M, K] @ W[N, K]^T, for
+ * the few rows of a decode step as for a prefill's thousands (W as
+ * checkpoints store a projection, output-major).
  *
  * Why not BLAS: for M up to a few dozen rows OpenBLAS repacks the whole of W
  * on every call, and its small-M paths leave most of the FMA rate unused: a
  * decode step of the engine benchmark's model ran its projections at 75
- * GFLOP/s with 16 rows, against ~200 for large M, on the 2-core EPYC.
+ * GFLOP/s with 16 rows, against ~200 for large M, on the 2-core EPYC. For
+ * large M this kernel matches it (pagedcy._libs._gemm says why it serves
+ * there too).
  *
  * Here every output is a dot product of a row of A with a row of W, so W is
  * read front to back, once per block of NB of its rows, in long sequential
