@@ -26,12 +26,15 @@ def quantize_int8(x):
 
 
 def make_batch(rng, *, q_lens, kv_lens, num_heads, num_kv_heads, head_dim, page_size,
-               num_layers=2, layer=1, dtype="float32", extra_pages=3, pad_cols=2, aligned=None):
+               num_layers=2, layer=1, dtype="float32", extra_pages=3, pad_cols=2, aligned=None,
+               layout=None):
     """Random paged batch. Unused page slots and unused block-table entries
     hold NaN / -1 so any read past a sequence's end shows up in the output.
     ``aligned``: pages start on a 4 KiB boundary as a pool's do (the kernel
     prefetches by 4 KiB page then) or 16 bytes past one, as plain NumPy
-    arrays often do; None draws one of the two from ``rng``.
+    arrays often do; None draws one of the two from ``rng``. ``layout``: "NHD"
+    (a C-order array) or "HND" (head-major memory, the strided view a store's
+    ``pages()`` returns); None draws one from ``rng``.
 
     Returns (query, qo_indptr, kv_pages, block_tables, kv_lens, K, V) where K/V
     are per-sequence float64 [kv_len, Hkv, D] arrays of the values as stored
@@ -81,8 +84,14 @@ def make_batch(rng, *, q_lens, kv_lens, num_heads, num_kv_heads, head_dim, page_
         aligned = bool(rng.integers(2))
     # a copy at a chosen distance past a 4 KiB boundary: 0, or 16 (not even 64-byte aligned)
     off = 0 if aligned else 16
+    if layout is None:
+        layout = ("NHD", "HND")[int(rng.integers(2))]
     raw = aligned_zeros(pages.nbytes + off)
-    view = raw[off:].view(pages.dtype).reshape(pages.shape)
+    if layout == "NHD":
+        view = raw[off:].view(pages.dtype).reshape(pages.shape)
+    else:
+        P, L, _, T, Hkv, R = pages.shape
+        view = raw[off:].view(pages.dtype).reshape(P, L, Hkv, 2, T, R).transpose(0, 1, 3, 4, 2, 5)
     view[...] = pages
     pages = view
     total_q = sum(q_lens)

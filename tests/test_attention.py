@@ -26,9 +26,10 @@ SIMD_LEVELS = [lv for lv in (2, 1) if lv <= simd_level()] or [0]
 
 
 def run_case(rng, *, q_lens, kv_lens, H, Hkv, D, T, dtype="float32", causal=True,
-             window_left=-1, soft_cap=0.0, alibi=False, scale=None, **kw):
+             window_left=-1, soft_cap=0.0, alibi=False, scale=None, layout=None, **kw):
     q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=q_lens, kv_lens=kv_lens, num_heads=H,
-                                             num_kv_heads=Hkv, head_dim=D, page_size=T, dtype=dtype)
+                                             num_kv_heads=Hkv, head_dim=D, page_size=T, dtype=dtype,
+                                             layout=layout)
     slopes = (rng.uniform(0.01, 0.5, H).astype(np.float32)) if alibi else None
     ro, rl = reference(q, ind, K, V, causal=causal, window_left=window_left, soft_cap=soft_cap,
                        alibi=slopes, scale=scale)
@@ -44,6 +45,33 @@ def run_case(rng, *, q_lens, kv_lens, H, Hkv, D, T, dtype="float32", causal=True
         np.testing.assert_allclose(o, ro, rtol=tol, atol=tol, err_msg=f"simd level {level}")
         np.testing.assert_allclose(lse, rl, rtol=tol, atol=tol, err_msg=f"simd level {level}")
     return o, lse
+
+
+# --- page layouts ----------------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int8"])
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_page_layouts(layout, dtype, level):
+    """Token-major (C-order) and head-major (a store's pages()) pools, decode
+    and prefill in one batch, every instruction set, against the reference."""
+    if level > simd_level():
+        pytest.skip("instruction set not available on this CPU")
+    rng = np.random.default_rng(level * 10 + len(dtype))
+    run_case(rng, q_lens=[1, 1, 40, 3], kv_lens=[70, 33, 90, 5], H=8, Hkv=2, D=64, T=16,
+             dtype=dtype, layout=layout, max_simd=level)
+
+
+def test_page_subset_view():
+    """Every other page of a pool (a strided view) reads the pages it names."""
+    rng = np.random.default_rng(7)
+    q, ind, pages, bt, kl, K, V = make_batch(rng, q_lens=[1, 5], kv_lens=[40, 30], num_heads=4,
+                                             num_kv_heads=2, head_dim=32, page_size=8)
+    spread = np.full((2 * pages.shape[0],) + pages.shape[1:], np.nan, np.float32)
+    spread[::2] = pages
+    got = batch_paged_attention(q, ind, spread[::2], 1, bt, kl)
+    np.testing.assert_allclose(got, batch_paged_attention(q, ind, pages, 1, bt, kl), rtol=0, atol=0)
+    np.testing.assert_allclose(got, reference(q, ind, K, V)[0], rtol=1e-5, atol=1e-5)
 
 
 # --- shapes, GQA ratios, head dims ---------------------------------------
@@ -374,7 +402,9 @@ def test_good_call_runs(good):
     (lambda g: dict(kv_pages=np.zeros(g["kv_pages"].shape, np.int16)), TypeError),
     (lambda g: dict(kv_pages=g["kv_pages"][0]), ValueError),
     (lambda g: dict(kv_pages=g["kv_pages"][:, :, :1]), ValueError),
-    (lambda g: dict(kv_pages=g["kv_pages"][::2]), ValueError),                  # non-contiguous
+    (lambda g: dict(kv_pages=np.zeros(g["kv_pages"].shape[:-1] + (2 * g["kv_pages"].shape[-1],),
+                                      g["kv_pages"].dtype)[..., ::2]), ValueError),  # strided rows
+    (lambda g: dict(kv_pages=g["kv_pages"][::-1]), ValueError),                 # negative stride
     (lambda g: dict(kv_pages=g["kv_pages"].tolist()), TypeError),
     (lambda g: dict(layer=2), IndexError),
     (lambda g: dict(layer=-1), IndexError),

@@ -11,6 +11,9 @@ cdef extern from "pagedcy_attention.h":
         int32_t dtype
         int64_t page_stride
         int64_t layer_offset
+        int64_t v_offset
+        int64_t tok_stride
+        int64_t head_stride
         const int32_t *block_tables
         int64_t bt_stride
         const int64_t *kv_lens

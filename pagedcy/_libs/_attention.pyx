@@ -213,7 +213,8 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     sequence ``b`` owns rows ``qo_indptr[b]:qo_indptr[b+1]``.
     qo_indptr: int ``[B+1]``, starts at 0, non-decreasing, ends at total_q.
     kv_pages: ``[max_pages, num_layers, 2, page_size, num_kv_heads, head_dim]``
-    C-contiguous float32 / float16 / bfloat16 (uint16 = bf16 bits), or int8
+    (any strides with contiguous rows: a C-order array, or a store's head-major
+    ``pages()`` view) float32 / float16 / bfloat16 (uint16 = bf16 bits), or int8
     ``[..., num_kv_heads, head_dim + 4]``: each head row is head_dim int8 values
     then its float32 scale (bytes), standing for values * scale (a store with
     ``dtype="int8"`` writes them).
@@ -234,7 +235,7 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     when ``return_lse``.
 
     Raises TypeError (dtypes), ValueError (shapes, ranges, non-contiguous
-    kv_pages/out, q_len > kv_len, ...), IndexError (layer or a needed page id
+    kv_pages rows or out, q_len > kv_len, ...), IndexError (layer or a needed page id
     out of range), MemoryError.
     """
     return _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale, causal,
@@ -279,8 +280,14 @@ cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale,
         raise ValueError("kv_pages must be 6-D [max_pages, num_layers, 2, page_size, num_kv_heads, "
                          f"head_dim], got shape {kv_pages.shape}")
     cdef int dtype_code = _kv_dtype_code(kv)
-    if not kv.flags.c_contiguous:
-        raise ValueError("kv_pages must be C-contiguous")
+    # Any strides whose rows (last axis) are contiguous: the store's pages()
+    # is a head-major view of this shape (see _store.pyx).
+    kv_strides = kv_pages.strides
+    if kv_strides[5] != kv.itemsize or any(st < 0 or st % kv.itemsize for st in kv_strides):
+        raise ValueError("kv_pages rows (last axis) must be contiguous and its strides non-negative "
+                         f"multiples of the item size, got strides {kv_strides}")
+    if (<Py_ssize_t>cnp.PyArray_DATA(kv)) % kv.itemsize:
+        raise ValueError("kv_pages data is not aligned to its item size")
     cdef int64_t max_pages = kv.shape[0]
     cdef int64_t L = kv.shape[1]
     cdef int64_t T = kv.shape[3]
@@ -328,8 +335,11 @@ cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale,
         P.qo_indptr = <const int64_t *>cnp.PyArray_DATA(ind64)
         P.kv = <const char *>cnp.PyArray_DATA(kv)
         P.dtype = dtype_code
-        P.page_stride = L * 2 * T * Hkv * row
-        P.layer_offset = lay * 2 * T * Hkv * row
+        P.page_stride = kv.strides[0]
+        P.layer_offset = lay * kv.strides[1]
+        P.v_offset = kv.strides[2]
+        P.tok_stride = kv.strides[3]
+        P.head_stride = kv.strides[4]
         P.block_tables = <const int32_t *>cnp.PyArray_DATA(bt32)
         P.bt_stride = bt32.shape[1]
         P.kv_lens = <const int64_t *>cnp.PyArray_DATA(lens64)

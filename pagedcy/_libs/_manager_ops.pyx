@@ -10,7 +10,7 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
 
-from pagedcy._libs._store cimport KVPageStore, pagedcy_kv_store
+from pagedcy._libs._store cimport KVPageStore
 from pagedcy._libs._args cimport index_arg
 from pagedcy import _validate
 
@@ -21,12 +21,8 @@ cdef void c_write_rows(KVPageStore store, const int32_t *pages, const int32_t *o
                        Py_ssize_t n, Py_ssize_t layer, const float *k, const float *v) noexcept nogil:
     """Row i of k/v (kv_dim floats each) into slot offsets[i] of page pages[i]; all checked."""
     cdef Py_ssize_t i, kvd = store.kv_dim
-    cdef int code = store.code
     for i in range(n):
-        pagedcy_kv_store(code, store.row_ptr(pages[i], layer, 0, offsets[i]), k + i * kvd, kvd,
-                         store.head_dim)
-        pagedcy_kv_store(code, store.row_ptr(pages[i], layer, 1, offsets[i]), v + i * kvd, kvd,
-                         store.head_dim)
+        store.c_write_token(pages[i], layer, offsets[i], k + i * kvd, v + i * kvd)
 
 
 cdef cnp.ndarray _ids(object x, str name, Py_ssize_t upper):

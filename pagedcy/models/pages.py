@@ -12,8 +12,8 @@ __all__ = ["PagesAdapter"]
 
 class PagesAdapter:
     """Wraps a ``pages()`` array (``[max_pages, num_layers, 2, page_size, num_kv_heads,
-    head_dim]``, C-contiguous float32/float16/bfloat16) in a :class:`KVPageStore` sharing its
-    memory, rebuilt only when a different array comes in."""
+    head_dim]`` float32/float16/bfloat16: a store's head-major view, or a C-order array) in a
+    :class:`KVPageStore` sharing its memory, rebuilt only when a different array comes in."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int):
         self.geometry = (num_layers, 2, num_kv_heads, head_dim)
@@ -25,8 +25,8 @@ class PagesAdapter:
         """The store viewing ``kv_pages``. TypeError/ValueError for a wrong array."""
         if not isinstance(kv_pages, np.ndarray):
             raise TypeError(f"kv_pages must be a numpy array, got {type(kv_pages).__name__}")
-        key = (kv_pages.__array_interface__["data"][0], kv_pages.shape, kv_pages.dtype.str,
-               kv_pages.dtype.name)
+        key = (kv_pages.__array_interface__["data"][0], kv_pages.shape, kv_pages.strides,
+               kv_pages.dtype.str, kv_pages.dtype.name)
         if key == self._key and self._store is not None:
             return self._store
         L, two, hk, d = self.geometry
@@ -34,8 +34,15 @@ class PagesAdapter:
         if kv_pages.ndim != 6 or (s[1], s[2], s[4], s[5]) != (L, two, hk, d):
             raise ValueError(f"kv_pages must have shape [max_pages, {L}, 2, page_size, {hk}, {d}] "
                              f"for this model, got {list(s)}")
-        if not kv_pages.flags.c_contiguous or not kv_pages.flags.writeable:
-            raise ValueError("kv_pages must be C-contiguous and writable")
+        if not kv_pages.flags.writeable:
+            raise ValueError("kv_pages must be writable")
+        head_major = kv_pages.transpose(0, 1, 4, 2, 3, 5)
+        if kv_pages.flags.c_contiguous:
+            buffer, layout = kv_pages, "NHD"
+        elif head_major.flags.c_contiguous:
+            buffer, layout = head_major, "HND"
+        else:
+            raise ValueError("kv_pages must be a store's pages() view or a C-contiguous array")
         dt = "bfloat16" if kv_pages.dtype == np.uint16 else kv_pages.dtype.name
         try:
             dt = _dtypes.normalize_dtype(dt)
@@ -43,6 +50,6 @@ class PagesAdapter:
             raise TypeError(f"kv_pages dtype {kv_pages.dtype} is not a KV storage dtype") from None
         cfg = PagedKVCacheConfig(page_size=s[3], max_pages=s[0], num_layers=L, num_kv_heads=hk,
                                  head_dim=d, dtype=dt)
-        store = KVPageStore(cfg, buffer=kv_pages)
+        store = KVPageStore(cfg, buffer=buffer, layout=layout)
         self._store, self._pages, self._key = store, kv_pages, key  # _pages keeps the memory alive
         return store

@@ -71,17 +71,22 @@ def _from_storage(x, dtype):
     return x.astype(np.float32, copy=False)
 
 
-def page_array(shape, dtype):
-    """Uninitialised page storage for float pages of ``shape`` in ``dtype`` (int8: head rows
-    of head_dim + 4), allocated as a PagePool's buffer is (4 KiB aligned), so the kernel
-    sees the layout users get."""
+def page_array(shape, dtype, layout="HND"):
+    """Zeroed page storage for float pages of ``shape`` ``[pages, layers, 2, page_size,
+    num_kv_heads, head_dim]`` in ``dtype`` (int8: head rows of head_dim + 4), allocated as a
+    PagePool's buffer is (4 KiB aligned) and, for "HND", the head-major view a store's
+    ``pages()`` returns, so the kernel sees the layout users get. "NHD": C order."""
     sdt = {"float32": np.float32, "float16": np.float16, "int8": np.int8}.get(dtype, np.uint16)
     sdt = np.dtype(sdt)
     shape = tuple(shape[:-1]) + (_dtypes.head_row_elems(dtype, shape[-1]),)
-    return aligned_zeros(math.prod(shape) * sdt.itemsize).view(sdt).reshape(shape)
+    raw = aligned_zeros(math.prod(shape) * sdt.itemsize).view(sdt)
+    if layout == "NHD":
+        return raw.reshape(shape)
+    P, L, two, T, Hkv, R = shape
+    return raw.reshape(P, L, Hkv, two, T, R).transpose(0, 1, 3, 4, 2, 5)
 
 
-def make_decode(batch, kv_len, dtype, rng, q_len=1, page_size=T):
+def make_decode(batch, kv_len, dtype, rng, q_len=1, page_size=T, layout="HND"):
     """Random case: ``(query, qo_indptr, pages, block_tables, kv_lens)``; pages of one layer
     in random order, ``q_len`` query rows per sequence (the last ``q_len`` positions).
 
@@ -90,7 +95,7 @@ def make_decode(batch, kv_len, dtype, rng, q_len=1, page_size=T):
     2.4 s per case, a third of the asv suite's run time."""
     npg = -(-kv_len // page_size)
     total = batch * npg
-    pages = page_array((total, 1, 2, page_size, HKV, D), dtype)
+    pages = page_array((total, 1, 2, page_size, HKV, D), dtype, layout)
     slab = min(256, total)
     distinct = _to_storage(rng.standard_normal((slab, 1, 2, page_size, HKV, D), dtype=np.float32),
                            dtype)
@@ -169,27 +174,29 @@ def torch_case(q, pages, bt, lens, dtype, causal, threads):
 _INPUTS: dict[tuple[int, int, int], dict[str, tuple]] = {}
 
 
-def case_inputs(batch, kv_len, dtype, q_len, seed):
+def case_inputs(batch, kv_len, dtype, q_len, seed, layout="HND"):
     """Inputs of one case; every dtype of a (batch, kv_len, q_len) shape shares the
     same queries and block tables, its pages converted from the same float32 values,
     so dtype rows differ only in the storage format."""
-    key = (batch, kv_len, q_len)
+    key = (batch, kv_len, q_len, layout)
     if key not in _INPUTS:
         _INPUTS[key] = {"float32": make_decode(batch, kv_len, "float32",
-                                               np.random.default_rng(seed), q_len=q_len)}
+                                               np.random.default_rng(seed), q_len=q_len,
+                                               layout=layout)}
     by_dtype = _INPUTS[key]
     if dtype not in by_dtype:
         q, indptr, p32, bt, lens = by_dtype["float32"]
-        pages = page_array(p32.shape, dtype)
+        pages = page_array(p32.shape, dtype, layout)
         for i in range(0, p32.shape[0], 256):
             pages[i:i + 256] = _to_storage(p32[i:i + 256], dtype)
         by_dtype[dtype] = (q, indptr, pages, bt, lens)
     return by_dtype[dtype]
 
 
-def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_simd=2):
+def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_simd=2,
+               layout="HND"):
     """One table row of pagedcy on a case, with the closure that runs it."""
-    q, indptr, pages, bt, lens = case_inputs(batch, kv_len, dtype, q_len, seed)
+    q, indptr, pages, bt, lens = case_inputs(batch, kv_len, dtype, q_len, seed, layout)
     out = np.empty_like(q)
     causal = kind == "prefill"
     # small (cache-resident) cases run the kernel several times per call, so
@@ -202,7 +209,7 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_sim
     ours()                                # warm-up: page faults, thread start
     row = {"case": name, "threads": threads, "numpy": None, "torch": None, "reps": reps,
            "ran_baselines": False, "run": ours, "times": [], "kind": kind, "nbytes": pages.nbytes,
-           "spec": (kind, batch, kv_len, dtype, threads, seed, q_len)}
+           "spec": (kind, batch, kv_len, dtype, threads, seed, q_len, layout)}
     if kind == "prefill":
         pairs = sum(min(kv_len, kv_len - q_len + i + 1) for i in range(q_len)) * batch
         row["flops"] = 4.0 * D * H * pairs
@@ -253,11 +260,11 @@ def baseline_case(row, repeats, progress=None):
     """Check pagedcy against the NumPy reference on the same inputs and fill in
     the NumPy / torch speed-ups of `row` (timed after every pagedcy case, so
     BLAS / torch worker threads cannot disturb pagedcy's timings)."""
-    kind, batch, kv_len, dtype, threads, seed, q_len = row["spec"]
+    kind, batch, kv_len, dtype, threads, seed, q_len, layout = row["spec"]
     name = row["case"]
     if progress is not None:
         progress.status(f"{name}: numpy reference")
-    q, indptr, pages, bt, lens = case_inputs(batch, kv_len, dtype, q_len, seed)
+    q, indptr, pages, bt, lens = case_inputs(batch, kv_len, dtype, q_len, seed, layout)
     causal = kind == "prefill"
     out = batch_paged_attention(q, indptr, pages, 0, bt, lens, causal=causal, num_threads=threads)
     ref = numpy_reference(q, indptr, pages, bt, lens, dtype, causal)
@@ -390,6 +397,10 @@ def main(argv=None):
         # what a CPU without AVX-512 runs: the same cases on the AVX2 kernels
         specs += [(f"{dec} fp32 [AVX2 kernels]", "decode", dec_b, dec_l, "float32", nt, 1, 1),
                   (f"{dec} fp16 [AVX2 kernels]", "decode", dec_b, dec_l, "float16", nt, 1, 1)]
+    # token-major pages (a C-order array; the store's pages are head-major): what the
+    # layout is worth, in the same run
+    specs += [(f"{dec} fp32 [NHD pages]", "decode", dec_b, dec_l, "float32", th, 1, 2, "NHD")
+              for th in sorted({nt, 1}, reverse=True)]
     with Progress(len(specs) + 1, "setup") as progress:
         progress.status("read bandwidth")
         bw_buf = np.ones(bw_bytes // 4, dtype=np.float32)
@@ -399,11 +410,11 @@ def main(argv=None):
         progress.update()
         seeds = {}
         rows = []
-        for name, kind, b, l, dt, th, ql, ms in specs:
+        for name, kind, b, l, dt, th, ql, ms, *lay in specs:
             progress.status(f"{name}: inputs")
             rows.append(bench_case(name, kind, b, l, dt, th,
                                    seeds.setdefault((b, l, ql), 1000 + len(seeds)),
-                                   q_len=ql, max_simd=ms))
+                                   q_len=ql, max_simd=ms, layout=lay[0] if lay else "HND"))
             progress.update()
     bw_start = dict(bw)
     with Progress(secs, "timing", unit="s") as progress:

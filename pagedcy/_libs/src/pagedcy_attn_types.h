@@ -35,8 +35,15 @@ typedef struct {
     const int64_t *qo_indptr;    /* [B+1] */
     const char *kv;              /* page pool */
     int32_t dtype;               /* PAGEDCY_F32 / F16 / BF16 / I8 */
-    int64_t page_stride;         /* elements per page (all layers, K and V) */
-    int64_t layer_offset;        /* elements from a page's start to this layer's K block */
+    /* Byte strides of the pool [page][layer][K, V][token][head][row]: any
+     * order of those axes in memory works (the store keeps a head's K and V
+     * rows of a page together, see _store.pyx; callers may pass C-order
+     * [page, layer, 2, token, head, row] arrays). */
+    int64_t page_stride;         /* bytes from one page to the next */
+    int64_t layer_offset;        /* bytes from a page's start to this layer's K rows */
+    int64_t v_offset;            /* bytes from a K row to the V row of the same token and head */
+    int64_t tok_stride;          /* bytes from token t to t+1 (same head) */
+    int64_t head_stride;         /* bytes from KV head g to g+1 (same token) */
     const int32_t *block_tables; /* [B, bt_stride] */
     int64_t bt_stride;
     const int64_t *kv_lens;      /* [B] */

@@ -253,4 +253,24 @@ static inline void pagedcy_kv_load(int dtype, float *dst, const void *src, size_
         pagedcy_dequantize_i8_row(dst + r * head_dim, (const int8_t *)src + r * hb, head_dim);
 }
 
+/* nrows rows of head_dim float32 values (src_stride floats apart) into
+ * stored rows dst_stride bytes apart: one (token, head) row each, so the
+ * store can place a head's rows wherever its page layout puts them. */
+static inline void pagedcy_kv_store_rows(int dtype, char *dst, int64_t dst_stride, const float *src,
+                                         int64_t src_stride, int64_t nrows, size_t head_dim) {
+    for (int64_t r = 0; r < nrows; r++)
+        pagedcy_kv_store(dtype, dst + r * dst_stride, src + r * src_stride, head_dim, head_dim);
+}
+
+/* The inverse, to float32 rows; or (to_f32 == 0) a byte copy of the stored
+ * rows (head_bytes each) into rows dst_stride bytes apart. */
+static inline void pagedcy_kv_load_rows(int dtype, char *dst, int64_t dst_stride, const char *src,
+                                        int64_t src_stride, int64_t nrows, size_t head_dim, int to_f32) {
+    const size_t hb = pagedcy_head_bytes(dtype, head_dim);
+    for (int64_t r = 0; r < nrows; r++) {
+        if (to_f32) pagedcy_kv_load(dtype, (float *)(dst + r * dst_stride), src + r * src_stride, head_dim, head_dim);
+        else memcpy(dst + r * dst_stride, src + r * src_stride, hb);
+    }
+}
+
 #endif
