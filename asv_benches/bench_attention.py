@@ -117,6 +117,30 @@ class DecodeFp16Speedup:
     track_fp16_speedup_over_fp32.unit = "x"
 
 
+class DecodePageLayout:
+    """Head-major pages (the store's layout) against token-major (C-order) pages on
+    32 x 2048 float32 decode from DRAM, from alternating runs of the same values."""
+    params = ([1, 2],)
+    param_names = ["threads"]
+    timeout = 300
+
+    def setup(self, threads):
+        args = {lay: make_decode(32, 2048, "float32", np.random.default_rng(0), layout=lay)
+                for lay in ("HND", "NHD")}
+        self.q, self.ind, self.hnd, self.bt, self.lens = args["HND"]
+        self.nhd = args["NHD"][2]
+        self.out = np.empty_like(self.q)
+        self.threads = threads
+
+    def _run(self, pages):
+        batch_paged_attention(self.q, self.ind, pages, 0, self.bt, self.lens, out=self.out,
+                              num_threads=self.threads)
+
+    def track_hnd_speedup_over_nhd(self, threads):
+        return paired_ratio(lambda: self._run(self.nhd), lambda: self._run(self.hnd), 9)
+    track_hnd_speedup_over_nhd.unit = "x"
+
+
 class DecodeSpeedupVsTorch:
     """pagedcy decode time / torch SDPA (contiguous K/V) time, measured in one process."""
     params = ([32], [2048], ["float32"], [1, 2])
