@@ -68,8 +68,9 @@ def test_layouts_agree(data, dtype):
     lens = np.array([cfg.max_pages * T // 2, cfg.max_pages * T // 3])
     bt = np.stack([table[: cfg.max_pages // 2 + 1], table[cfg.max_pages // 2 - 1:]])
     lens = np.minimum(lens, bt.shape[1] * T)
-    np.testing.assert_array_equal(batch_paged_attention(q, ind, a, 1, bt, lens),
-                                  batch_paged_attention(q, ind, b, 1, bt, lens))
+    # the kernel takes whole head-major pages several at a time: rounding may differ
+    np.testing.assert_allclose(batch_paged_attention(q, ind, a, 1, bt, lens),
+                               batch_paged_attention(q, ind, b, 1, bt, lens), rtol=1e-5, atol=1e-6)
 
 
 def test_head_major_kernel_matches_reference():

@@ -299,6 +299,17 @@ PA_AVX2 static void pa_pv4_avx2(float *O, int D, const float *alpha, const float
     else PA_DISPATCH_DTYPE(dtype, DT, pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, flags, DT, 0));
 }
 
+/* P.V over tokens [0, T) of npg whole pages, scores of page j at P + j*T*4:
+ * one page at a time here, later pages adding to the rescaled output. */
+PA_AVX2 static void pa_pv4n_avx2(float *O, int D, const float *alpha, const float *P,
+                               const char *const *V, int npg, int T, int64_t vs, pa_pfcur *pf,
+                               int flags, int dtype, int perm) {
+    static const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    for (int j = 0; j < npg; j++)
+        pa_pv4_avx2(O, D, j ? one : alpha, P + (int64_t)j * T * 4, 0, V[j], vs, 0, T, pf ? pf + j : NULL,
+                     flags, dtype, perm);
+}
+
 /* End of an online-softmax step of a 4-row block: from the new row maxima
  * (lanes 2r, 2r+1 of mnew) and the partial sums of p (lanes 2r, 2r+1 of acc),
  * update m and l and write the rescale factors alpha; rows with an empty

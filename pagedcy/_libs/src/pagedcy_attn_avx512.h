@@ -173,6 +173,56 @@ PA_AVX512_INLINE void pa_pv4_pass_z(float *O, int D, int d0, const float *alpha,
         for (int n = 0; n < NC; n++) _mm512_storeu_ps(O + (int64_t)r * D + d0 + 16 * n, c[r][n]);
 }
 
+/* pa_pv4_pass_z over tokens [0, T) of npg pages (T even; P holds their
+ * scores one page after another), the accumulators kept across pages. */
+PA_AVX512_INLINE void pa_pv4n_pass_z(float *O, int D, int d0, const float *alpha, const float *P,
+                                     const char *const *V, int npg, int T, int64_t vs, pa_pfcur *pf,
+                                     const int *per_pair, int flags, int NC, int dtype) {
+    const int64_t es = pa_dtype_bytes(dtype);
+    __m512 c[4][4];
+    for (int r = 0; r < 4; r++) {
+        const __m512 al = _mm512_set1_ps(alpha[r]);
+        for (int n = 0; n < NC; n++)
+            c[r][n] = _mm512_mul_ps(_mm512_loadu_ps(O + (int64_t)r * D + d0 + 16 * n), al);
+    }
+    const float *pp = P;
+    for (int j = 0; j < npg; j++) {
+        const char *vr = V[j] + (int64_t)d0 * es;
+        for (int t = 0; t < T; t += 2, vr += 2 * vs * es, pp += 8) {
+            if (pf) pa_pf_step(pf + j, per_pair[j], flags);
+            __m512 v[4];
+            for (int n = 0; n < NC; n++) v[n] = pa_ld16z(vr, 16 * n, dtype);
+            for (int r = 0; r < 4; r++) {
+                const __m512 b = _mm512_set1_ps(pp[2 * r]);
+                for (int n = 0; n < NC; n++) c[r][n] = _mm512_fmadd_ps(b, v[n], c[r][n]);
+            }
+            for (int n = 0; n < NC; n++) v[n] = pa_ld16z(vr + vs * es, 16 * n, dtype);
+            for (int r = 0; r < 4; r++) {
+                const __m512 b = _mm512_set1_ps(pp[2 * r + 1]);
+                for (int n = 0; n < NC; n++) c[r][n] = _mm512_fmadd_ps(b, v[n], c[r][n]);
+            }
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int n = 0; n < NC; n++) _mm512_storeu_ps(O + (int64_t)r * D + d0 + 16 * n, c[r][n]);
+}
+
+PA_AVX512_INLINE void pa_pv4n_z(float *O, int D, const float *alpha, const float *P, const char *const *V,
+                                int npg, int T, int64_t vs, pa_pfcur *pf, int flags, int dtype) {
+    const int passes = D / 64 + (D % 64 >= 32) + (D % 32 >= 16);
+    int per_pair[PA_SUPER_PAGES];
+    for (int j = 0; pf && j < npg; j++)
+        per_pair[j] = (pa_pf_lines_left(pf + j) + passes * (T / 2) - 1) / (passes * (T / 2));
+    for (int d = 0; d < D; ) {
+        const int nc = D - d >= 64 ? 4 : D - d >= 32 ? 2 : 1;
+        if (nc == 4) pa_pv4n_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_pair, flags, 4, dtype);
+        else if (nc == 2) pa_pv4n_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_pair, flags, 2, dtype);
+        else pa_pv4n_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_pair, flags, 1, dtype);
+        d += 16 * nc;
+    }
+    for (int j = 0; pf && j < npg; j++) pa_pf_step(pf + j, pa_pf_lines_left(pf + j), flags);
+}
+
 PA_AVX512_INLINE void pa_pv4_z(float *O, int D, const float *alpha, const float *P, const void *V,
                                int64_t vs, int tlo, int thi, pa_pfcur *pf, int flags, int dtype) {
     const int steps = (D / 64 + (D % 64 >= 32) + (D % 32 >= 16)) * (thi - tlo);
@@ -312,6 +362,15 @@ PA_AVX512 static void pa_pv4_avx512(float *O, int D, const float *alpha, const f
                                     int dtype, int perm) {
     (void)Sld; (void)perm;
     PA_DISPATCH_DTYPE(dtype, DT, pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, DT));
+}
+
+/* P.V over tokens [0, T) of npg whole pages (T even), scores of page j at
+ * P + j*T*4 (pair layout), one pass over the output per column block. */
+PA_AVX512 static void pa_pv4n_avx512(float *O, int D, const float *alpha, const float *P,
+                                     const char *const *V, int npg, int T, int64_t vs, pa_pfcur *pf,
+                                     int flags, int dtype, int perm) {
+    (void)perm;
+    PA_DISPATCH_DTYPE(dtype, DT, pa_pv4n_z(O, D, alpha, P, V, npg, T, vs, pf, flags, DT));
 }
 
 /* Packing and scaling are bandwidth-trivial: the AVX2 versions serve. */

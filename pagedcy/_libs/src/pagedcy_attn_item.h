@@ -53,6 +53,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
     const int G = P->H / P->Hkv, D = P->D, T = P->T, flags = P->flags;
     const int ng = it->ng, M = it->nr * G, Mp = pa_item_mp(M, flags), nblk = Mp / 4;
     const int Sld = (T + 7) & ~7;
+    const int64_t SldS = Mp < 32 ? ((PA_SUPER_PAGES * (int64_t)T + 7) & ~7) : Sld; /* see ws layout */
     const int64_t q_start = P->qo_indptr[it->b];
     const int64_t q_len = P->qo_indptr[it->b + 1] - q_start;
     const int64_t kv_len = P->kv_lens[it->b];
@@ -155,6 +156,75 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 }
             }
             whole_nt = whole ? nt : -1;
+        }
+
+        /* Head-major decode of 16-bit and int8 K/V: up to PA_SUPER_PAGES
+         * whole pages per step, so the softmax, the output's rescale and the
+         * per-call set-up run once for all of them. That decode is
+         * compute-bound (about 4.2 M tokens/s per thread at H 32 / Hkv 8 /
+         * D 128, 60% of the FMA peak, AMD EPYC); 4 pages per step took it
+         * from 16.0 to 16.9-18.4 GB/s (fp16, 1 thread) and 31.9-32.1 to
+         * 34.7 GB/s (2 threads at 68 GB/s), 3% slower at 35 GB/s. fp32 rows
+         * arrive at the memory limit, and the step's read order (K of each
+         * page, then V) cost it 10% (20.7 against 23.3 GB/s, 1 thread), so
+         * fp32 keeps one page per step (PA_TUNE_SUPER_F32 to try). Pages
+         * must be whole for every row and follow on (positions continue). */
+        int npg = 1;
+        if (!packed && Mp < 32 && !nhd && T % 2 == 0 && whole && nt == T && !(flags & PA_TUNE_SUPER1)
+            && (es < 4 || (flags & PA_TUNE_SUPER_F32))) {
+            const int cap = (flags & PA_TUNE_SUPER2) ? 2 : PA_SUPER_PAGES;
+            while (npg < cap && p + npg <= p_last && kv_len - (tok0 + (int64_t)npg * T) >= T
+                   && W.rhi[0] >= tok0 + (int64_t)(npg + 1) * T - 1)
+                npg++;
+        }
+        if (npg > 1) {
+            const char *pg[PA_SUPER_PAGES], *nx[PA_SUPER_PAGES];
+            int32_t slo[32], shi[32];
+            for (int j = 0; j < npg; j++) {
+                pg[j] = P->kv + (int64_t)bt[p + j] * P->page_stride + P->layer_offset;
+                nx[j] = p + npg + j <= p_last
+                    ? P->kv + (int64_t)bt[p + npg + j] * P->page_stride + P->layer_offset : NULL;
+            }
+            for (int v = 0; v < Mp; v++) { slo[v] = v < M ? 0 : 1; shi[v] = v < M ? npg * T - 1 : 0; }
+            for (int gi = 0; gi < ng; gi++) {
+                const int64_t hoff = (int64_t)(it->g0 + gi) * hs;
+                const char *Kj[PA_SUPER_PAGES], *Vj[PA_SUPER_PAGES];
+                for (int j = 0; j < npg; j++) { Kj[j] = pg[j] + hoff; Vj[j] = Kj[j] + P->v_offset; }
+                const float *qg = W.qp + (int64_t)gi * Mp * D;
+                float *Og = W.O + (int64_t)gi * Mp * D;
+                float *mg = W.m + gi * Mp, *lg = W.l + gi * Mp;
+                /* the first block's passes over page j prefetch page j's
+                 * slice of the next head (or of the next step's page j):
+                 * its K rows during the scores, its V rows during P.V */
+                pa_pfcur cK[PA_SUPER_PAGES], cV[PA_SUPER_PAGES];
+                int use_pf = !(flags & PA_TUNE_NO_PF);
+                for (int j = 0; j < npg; j++) {
+                    const char *nK = gi + 1 < ng ? Kj[j] + hs : nx[j] ? nx[j] + (int64_t)it->g0 * hs : NULL;
+                    pa_pf_init(&cK[j], nK ? nK : Kj[j], row_stride, row_bytes, 0, nK ? T : 0);
+                    pa_pf_init(&cV[j], nK ? nK + P->v_offset : Kj[j], row_stride, row_bytes, 0, nK ? T : 0);
+                }
+                for (int b4 = 0; b4 < nblk; b4++) {
+                    if (b4 * 4 >= M) continue;
+                    float *Sb = W.S + (int64_t)b4 * 4 * SldS;
+                    for (int j = 0; j < npg; j++) {
+                        PA_SFX(pa_qk4)(qg + (int64_t)b4 * 4 * D, D, Kj[j], ks, 0, T, Sb + (int64_t)j * T * 4, 0,
+                                       use_pf ? &cK[j] : NULL, flags, P->dtype, perm);
+                        if (i8) pa_i8_scale_pairs(Sb + (int64_t)j * T * 4, 0, T, Kj[j] + D, row_stride);
+                    }
+                    float slope4[4], pos4[4];
+                    pa_block_bias(P, it, &W, gi, b4, M, tok0, delta, slope4, pos4);
+                    PA_SFX(pa_softmax4)(Sb, 0, npg * T / 2, slo + b4 * 4, shi + b4 * 4, P->soft_cap, slope4,
+                                        pos4, mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
+                    if (i8)
+                        for (int j = 0; j < npg; j++)
+                            pa_i8_scale_pairs(Sb + (int64_t)j * T * 4, 0, T, Vj[j] + D, row_stride);
+                    PA_SFX(pa_pv4n)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T, ks,
+                                    use_pf ? cV : NULL, flags, P->dtype, perm);
+                    use_pf = 0;
+                }
+            }
+            p += npg - 1;
+            continue;
         }
 
         for (int gi = 0; gi < ng; gi++) {
@@ -280,7 +350,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 /* the first active block walks the prefetch cursors */
                 pa_pfcur *pk = use_pf ? &cK : NULL, *pv = use_pf ? &cV : NULL;
                 use_pf = 0;
-                float *Sb = W.S + (int64_t)b4 * 4 * Sld;
+                float *Sb = W.S + (int64_t)b4 * 4 * SldS;
                 PA_SFX(pa_qk4)(qg + (int64_t)b4 * 4 * D, D, Kg, ks, W.blo[b4] & ~1, W.bhi[b4],
                                Sb, Sld, pk, flags, P->dtype, perm);
                 if (i8) pa_i8_scale_pairs(Sb, W.blo[b4] & ~1, W.bhi[b4], Kg + D, row_stride);

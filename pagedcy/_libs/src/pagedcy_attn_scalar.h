@@ -61,6 +61,17 @@ static void pa_pv4_scalar(float *O, int D, const float *alpha, const float *P, i
     PA_DISPATCH_DTYPE(dtype, DT, pa_pv4_scalar_t(O, D, alpha, P, V, vs, tlo, thi, DT));
 }
 
+
+/* P.V over tokens [0, T) of npg whole pages, scores of page j at P + j*T*4:
+ * one page at a time here, later pages adding to the rescaled output. */
+static void pa_pv4n_scalar(float *O, int D, const float *alpha, const float *P,
+                               const char *const *V, int npg, int T, int64_t vs, pa_pfcur *pf,
+                               int flags, int dtype, int perm) {
+    static const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    for (int j = 0; j < npg; j++)
+        pa_pv4_scalar(O, D, j ? one : alpha, P + (int64_t)j * T * 4, 0, V[j], vs, 0, T, pf ? pf + j : NULL,
+                     flags, dtype, perm);
+}
 /* Online-softmax step of a 4-row block over token pairs [jb, je), the
  * contract of pa_softmax4_avx2: soft cap, ALiBi, mask outside [vlo, vhi] (an
  * empty range marks an inactive row: p 0, alpha 1, m and l kept), scores

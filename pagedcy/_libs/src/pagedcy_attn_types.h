@@ -27,7 +27,10 @@ enum pagedcy_attn_tune {
     PA_TUNE_NO_QK3 = 1024,        /* AVX2 decode: no 3-token score kernel */
     PA_TUNE_PF_PARTIAL = 2048,    /* decode: prefetch only the start of each stretch (1 KiB
                                    * float32, 2 KiB 16-bit) and leave the rest to the hardware */
-    PA_TUNE_PREFILL_M512 = 4096   /* prefill items of 512 query vectors */
+    PA_TUNE_PREFILL_M512 = 4096,  /* prefill items of 512 query vectors */
+    PA_TUNE_SUPER1 = 8192,        /* decode on head-major pages: one page per softmax/P.V step */
+    PA_TUNE_SUPER2 = 16384,       /* ... at most two (default: PA_SUPER_PAGES) */
+    PA_TUNE_SUPER_F32 = 32768     /* ... float32 too (default: 16-bit and int8 only) */
 };
 
 typedef struct {
@@ -144,15 +147,21 @@ static inline int pa_item_mp(int M, int flags) {
 }
 
 /* Lays the scratch out in `base` (NULL: only measure); returns its size in floats. */
+/* Pages a decode item on head-major pages takes per softmax / P.V step
+ * (pagedcy_attn_item.h). */
+#define PA_SUPER_PAGES 4
+
 static inline int64_t pagedcy_attn_ws_layout(pagedcy_attn_ws *W, float *base, int ng, int Mp, int D, int T) {
     const int64_t Sld = (T + 7) & ~7;
+    /* unpacked items hold scores of up to PA_SUPER_PAGES pages per 4-row block */
+    const int64_t SldS = Mp < 32 ? ((PA_SUPER_PAGES * (int64_t)T + 7) & ~7) : Sld;
     int64_t off = 0;
 #define PA_TAKE(field, type, n) do { if (W) W->field = (type *)(base + off); off += pa_al16(n); } while (0)
     PA_TAKE(qp, float, (int64_t)ng * Mp * D);
     PA_TAKE(O, float, (int64_t)ng * Mp * D);
     PA_TAKE(m, float, (int64_t)ng * Mp);
     PA_TAKE(l, float, (int64_t)ng * Mp);
-    PA_TAKE(S, float, (int64_t)Mp * Sld);
+    PA_TAKE(S, float, (int64_t)Mp * SldS);
     PA_TAKE(alpha, float, Mp);
     PA_TAKE(kbuf, float, (int64_t)Sld * D);     /* K^T as [D][Sld] */
     PA_TAKE(vbuf, float, (int64_t)T * D);
