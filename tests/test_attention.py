@@ -62,12 +62,13 @@ def test_page_layouts(layout, dtype, level):
              dtype=dtype, layout=layout, max_simd=level)
 
 
-@pytest.mark.parametrize("flags", [0, ["super_f32"], ["super2", "super_f32"], ["super1"]])
+@pytest.mark.parametrize("flags", [0, ["super_f32"], ["super2", "super_f32"], ["super1"],
+                                   ["super_f32", "super_page_order"]])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("mods", [{}, {"alibi": True, "soft_cap": 20.0}, {"window_left": 37}])
 def test_pages_per_step(flags, dtype, mods):
     """Head-major decode takes up to 4 whole pages per softmax step: every grouping
-    (1, 2, 4; float32 only on request) with ALiBi, soft cap and windows that cut
+    (1, 2, 4; token-major or page after page) with ALiBi, soft cap and windows that cut
     pages, on page counts that leave partial groups, against the reference."""
     rng = np.random.default_rng(len(str(flags)) + len(dtype))
     run_case(rng, q_lens=[1, 1, 2, 1], kv_lens=[16 * 9, 16 * 5 + 3, 100, 16], H=8, Hkv=2, D=32, T=16,

@@ -49,6 +49,7 @@ cdef extern from "pagedcy_attention.h":
         PA_TUNE_SUPER1
         PA_TUNE_SUPER2
         PA_TUNE_SUPER_F32
+        PA_TUNE_SUPER_PAGE_ORDER
     int pagedcy_use_simd() noexcept nogil
     int pagedcy_simd_level() noexcept nogil
     pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_params *P, int nthreads,
@@ -72,7 +73,7 @@ _TUNE_FLAGS = {
     "prefill_m32": PA_TUNE_PREFILL_M32, "prefill_m256": PA_TUNE_PREFILL_M256,
     "no_qk3": PA_TUNE_NO_QK3, "pf_partial": PA_TUNE_PF_PARTIAL,
     "prefill_m512": PA_TUNE_PREFILL_M512, "super1": PA_TUNE_SUPER1, "super2": PA_TUNE_SUPER2,
-    "super_f32": PA_TUNE_SUPER_F32,
+    "super_f32": PA_TUNE_SUPER_F32, "super_page_order": PA_TUNE_SUPER_PAGE_ORDER,
 }
 
 

@@ -299,9 +299,17 @@ PA_AVX2 static void pa_pv4_avx2(float *O, int D, const float *alpha, const float
     else PA_DISPATCH_DTYPE(dtype, DT, pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, flags, DT, 0));
 }
 
-/* P.V over tokens [0, T) of npg whole pages, scores of page j at P + j*T*4:
- * one page at a time here, later pages adding to the rescaled output. */
-PA_AVX2 static void pa_pv4n_avx2(float *O, int D, const float *alpha, const float *P,
+/* Several whole pages per step, page after page (page-major order): scores
+ * of page j at S + j*T*4; later pages add to the rescaled output. */
+enum { pa_super_token_major_avx2 = 0 };
+
+PA_AVX2 static void pa_qk4v_avx2(const float *q, int D, const char *const *K, int npg, int T, int64_t ks,
+                               float *S, pa_pfcur *pf, int flags, int dtype, int perm) {
+    for (int j = 0; j < npg; j++)
+        pa_qk4_avx2(q, D, K[j], ks, 0, T, S + (int64_t)j * T * 4, 0, pf ? pf + j : NULL, flags, dtype, perm);
+}
+
+PA_AVX2 static void pa_pv4v_avx2(float *O, int D, const float *alpha, const float *P,
                                const char *const *V, int npg, int T, int64_t vs, pa_pfcur *pf,
                                int flags, int dtype, int perm) {
     static const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};

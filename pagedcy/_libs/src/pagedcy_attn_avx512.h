@@ -89,14 +89,15 @@ PA_AVX512_INLINE __m256 pa_fold16(__m512 x) {
 
 /* Scores of 4 query rows (stride D) against 4 tokens: the two pair vectors
  * of tokens (t, t+1) and (t+2, t+3), stored as 16 consecutive floats at o. */
-PA_AVX512_INLINE void pa_qk4x4_z(const float *q, int D, const char *kb, int64_t rs, float *o,
-                                  pa_pfcur *pf, int pf_per_step, int flags, int dtype) {
+PA_AVX512_INLINE void pa_qk4x4r_z(const float *q, int D, const char *k0, const char *k1, const char *k2,
+                                   const char *k3, float *o, pa_pfcur *pf, int pf_per_step, int flags, int dtype) {
     __m512 a[16];
+    const char *kr[4] = {k0, k1, k2, k3};
     for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d += 16) {
         if (pf) pa_pf_step(pf, pf_per_step, flags);
         __m512 k[4];
-        for (int j = 0; j < 4; j++) k[j] = pa_ld16z(kb + j * rs, d, dtype);
+        for (int j = 0; j < 4; j++) k[j] = pa_ld16z(kr[j], d, dtype);
         for (int r = 0; r < 4; r++) {
             const __m512 x = _mm512_loadu_ps(q + (int64_t)r * D + d);
             for (int j = 0; j < 4; j++) a[r * 4 + j] = _mm512_fmadd_ps(x, k[j], a[r * 4 + j]);
@@ -110,6 +111,11 @@ PA_AVX512_INLINE void pa_qk4x4_z(const float *q, int D, const char *kb, int64_t 
         v[4 * (p & 3) + (p >> 2)] = a[r * 4 + t];
     }
     _mm512_storeu_ps(o, pa_hsum16x16(v));
+}
+
+PA_AVX512_INLINE void pa_qk4x4_z(const float *q, int D, const char *kb, int64_t rs, float *o,
+                                  pa_pfcur *pf, int pf_per_step, int flags, int dtype) {
+    pa_qk4x4r_z(q, D, kb, kb + rs, kb + 2 * rs, kb + 3 * rs, o, pf, pf_per_step, flags, dtype);
 }
 
 /* One pair vector: 4 rows x tokens (kb0, kb1). */
@@ -171,6 +177,72 @@ PA_AVX512_INLINE void pa_pv4_pass_z(float *O, int D, int d0, const float *alpha,
     }
     for (int r = 0; r < 4; r++)
         for (int n = 0; n < NC; n++) _mm512_storeu_ps(O + (int64_t)r * D + d0 + 16 * n, c[r][n]);
+}
+
+/* Scores of 4 query rows against tokens [0, T) of npg pages in token-major
+ * order (virtual token v = t*npg + j is token t of page j): each 4-token
+ * block reads row t of up to 4 pages side by side, so as many streams of
+ * rows are in flight. pf: npg cursors (or NULL), stepped evenly. */
+PA_AVX512_INLINE void pa_qk4v_z(const float *q, int D, const char *const *K, int npg, int T, int64_t rs,
+                                float *S, pa_pfcur *pf, int flags, int dtype) {
+    const int n = npg * T, nb = (n + 3) / 4;
+    int per[PA_SUPER_PAGES];
+    for (int j = 0; pf && j < npg; j++) per[j] = (pa_pf_lines_left(pf + j) + nb - 1) / nb;
+#define PA_VROW(v) (K[(v) % npg] + (int64_t)((v) / npg) * rs)
+    int v = 0;
+    for (; v + 4 <= n; v += 4) {
+        for (int j = 0; pf && j < npg; j++) pa_pf_step(pf + j, per[j], flags);
+        pa_qk4x4r_z(q, D, PA_VROW(v), PA_VROW(v + 1), PA_VROW(v + 2), PA_VROW(v + 3), S + (v >> 1) * 8,
+                    NULL, 0, flags, dtype);
+    }
+    for (; v < n; v += 2)
+        _mm256_storeu_ps(S + (v >> 1) * 8, pa_qk4x2_z(q, D, PA_VROW(v), PA_VROW(v + 1), NULL, 0, flags, dtype));
+#undef PA_VROW
+    for (int j = 0; pf && j < npg; j++) pa_pf_step(pf + j, pa_pf_lines_left(pf + j), flags);
+}
+
+/* P.V in the same token-major order: token t of every page, then t+1. */
+PA_AVX512_INLINE void pa_pv4v_pass_z(float *O, int D, int d0, const float *alpha, const float *P,
+                                     const char *const *V, int npg, int T, int64_t vs, pa_pfcur *pf,
+                                     const int *per_t, int flags, int NC, int dtype) {
+    const int64_t es = pa_dtype_bytes(dtype);
+    __m512 c[4][4];
+    for (int r = 0; r < 4; r++) {
+        const __m512 al = _mm512_set1_ps(alpha[r]);
+        for (int n = 0; n < NC; n++)
+            c[r][n] = _mm512_mul_ps(_mm512_loadu_ps(O + (int64_t)r * D + d0 + 16 * n), al);
+    }
+    for (int t = 0; t < T; t++) {
+        for (int j = 0; pf && j < npg; j++) pa_pf_step(pf + j, per_t[j], flags);
+        for (int j = 0; j < npg; j++) {
+            const int v = t * npg + j;
+            const float *pp = P + (v >> 1) * 8 + (v & 1);
+            const char *vr = V[j] + ((int64_t)t * vs + d0) * es;
+            __m512 x[4];
+            for (int n = 0; n < NC; n++) x[n] = pa_ld16z(vr, 16 * n, dtype);
+            for (int r = 0; r < 4; r++) {
+                const __m512 b = _mm512_set1_ps(pp[2 * r]);
+                for (int n = 0; n < NC; n++) c[r][n] = _mm512_fmadd_ps(b, x[n], c[r][n]);
+            }
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int n = 0; n < NC; n++) _mm512_storeu_ps(O + (int64_t)r * D + d0 + 16 * n, c[r][n]);
+}
+
+PA_AVX512_INLINE void pa_pv4v_z(float *O, int D, const float *alpha, const float *P, const char *const *V,
+                                int npg, int T, int64_t vs, pa_pfcur *pf, int flags, int dtype) {
+    const int passes = D / 64 + (D % 64 >= 32) + (D % 32 >= 16);
+    int per_t[PA_SUPER_PAGES];
+    for (int j = 0; pf && j < npg; j++) per_t[j] = (pa_pf_lines_left(pf + j) + passes * T - 1) / (passes * T);
+    for (int d = 0; d < D; ) {
+        const int nc = D - d >= 64 ? 4 : D - d >= 32 ? 2 : 1;
+        if (nc == 4) pa_pv4v_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_t, flags, 4, dtype);
+        else if (nc == 2) pa_pv4v_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_t, flags, 2, dtype);
+        else pa_pv4v_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_t, flags, 1, dtype);
+        d += 16 * nc;
+    }
+    for (int j = 0; pf && j < npg; j++) pa_pf_step(pf + j, pa_pf_lines_left(pf + j), flags);
 }
 
 /* pa_pv4_pass_z over tokens [0, T) of npg pages (T even; P holds their
@@ -364,13 +436,32 @@ PA_AVX512 static void pa_pv4_avx512(float *O, int D, const float *alpha, const f
     PA_DISPATCH_DTYPE(dtype, DT, pa_pv4_z(O, D, alpha, P, V, vs, tlo, thi, pf, flags, DT));
 }
 
-/* P.V over tokens [0, T) of npg whole pages (T even), scores of page j at
- * P + j*T*4 (pair layout), one pass over the output per column block. */
-PA_AVX512 static void pa_pv4n_avx512(float *O, int D, const float *alpha, const float *P,
+
+/* Several whole pages per step (pagedcy_attn_item.h): scores and P.V in
+ * token-major order (pa_super_token_major), or page after page with
+ * PA_TUNE_SUPER_PAGE_ORDER. */
+enum { pa_super_token_major_avx512 = 1 };
+
+PA_AVX512 static void pa_qk4v_avx512(const float *q, int D, const char *const *K, int npg, int T, int64_t ks,
+                                     float *S, pa_pfcur *pf, int flags, int dtype, int perm) {
+    (void)perm;
+    if (flags & PA_TUNE_SUPER_PAGE_ORDER) {
+        for (int j = 0; j < npg; j++)
+            PA_DISPATCH_DTYPE(dtype, DT, pa_qk4_z(q, D, K[j], ks, 0, T, S + (int64_t)j * T * 4,
+                                                  pf ? pf + j : NULL, flags, DT));
+        return;
+    }
+    PA_DISPATCH_DTYPE(dtype, DT, pa_qk4v_z(q, D, K, npg, T, ks * pa_dtype_bytes(DT), S, pf, flags, DT));
+}
+
+PA_AVX512 static void pa_pv4v_avx512(float *O, int D, const float *alpha, const float *P,
                                      const char *const *V, int npg, int T, int64_t vs, pa_pfcur *pf,
                                      int flags, int dtype, int perm) {
     (void)perm;
-    PA_DISPATCH_DTYPE(dtype, DT, pa_pv4n_z(O, D, alpha, P, V, npg, T, vs, pf, flags, DT));
+    if (flags & PA_TUNE_SUPER_PAGE_ORDER)
+        PA_DISPATCH_DTYPE(dtype, DT, pa_pv4n_z(O, D, alpha, P, V, npg, T, vs, pf, flags, DT));
+    else
+        PA_DISPATCH_DTYPE(dtype, DT, pa_pv4v_z(O, D, alpha, P, V, npg, T, vs, pf, flags, DT));
 }
 
 /* Packing and scaling are bandwidth-trivial: the AVX2 versions serve. */

@@ -158,20 +158,23 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
             whole_nt = whole ? nt : -1;
         }
 
-        /* Head-major decode of 16-bit and int8 K/V: up to PA_SUPER_PAGES
-         * whole pages per step, so the softmax, the output's rescale and the
-         * per-call set-up run once for all of them. That decode is
-         * compute-bound (about 4.2 M tokens/s per thread at H 32 / Hkv 8 /
-         * D 128, 60% of the FMA peak, AMD EPYC); 4 pages per step took it
-         * from 16.0 to 16.9-18.4 GB/s (fp16, 1 thread) and 31.9-32.1 to
-         * 34.7 GB/s (2 threads at 68 GB/s), 3% slower at 35 GB/s. fp32 rows
-         * arrive at the memory limit, and the step's read order (K of each
-         * page, then V) cost it 10% (20.7 against 23.3 GB/s, 1 thread), so
-         * fp32 keeps one page per step (PA_TUNE_SUPER_F32 to try). Pages
-         * must be whole for every row and follow on (positions continue). */
+        /* Head-major decode: up to PA_SUPER_PAGES whole pages per step, so
+         * the softmax, the output's rescale and the per-call set-up run once
+         * for all of them, and (AVX-512) each 4-token score block reads row
+         * t of every page side by side, P.V likewise: four streams of rows
+         * in flight instead of one. Decode is compute-bound at high
+         * bandwidth (about 4.2 M tokens/s per thread at H 32 / Hkv 8 / D
+         * 128, 60% of the FMA peak, AMD EPYC). Measured there against one
+         * page per step, 32 x 2048 from DRAM: bf16 1.07-1.11x on 1 thread,
+         * 1.02-1.06x on 2; fp32 1.05x on 2 threads, 0.95x on 1; reading the
+         * pages one after another instead (PA_TUNE_SUPER_PAGE_ORDER, what the
+         * AVX2 and scalar paths do) cost fp32 15%, so there only 16-bit and
+         * int8 K/V take several pages. Without ALiBi (positions are not in
+         * order in a token-major step); pages must be whole for every row. */
         int npg = 1;
-        if (!packed && Mp < 32 && !nhd && T % 2 == 0 && whole && nt == T && !(flags & PA_TUNE_SUPER1)
-            && (es < 4 || (flags & PA_TUNE_SUPER_F32))) {
+        if (!packed && Mp < 32 && !nhd && T % 2 == 0 && whole && nt == T && !(flags & PA_TUNE_SUPER1) && !P->alibi
+            && (es < 4 || (PA_SFX(pa_super_token_major) && !(flags & PA_TUNE_SUPER_PAGE_ORDER))
+                || (flags & PA_TUNE_SUPER_F32))) {
             const int cap = (flags & PA_TUNE_SUPER2) ? 2 : PA_SUPER_PAGES;
             while (npg < cap && p + npg <= p_last && kv_len - (tok0 + (int64_t)npg * T) >= T
                    && W.rhi[0] >= tok0 + (int64_t)(npg + 1) * T - 1)
@@ -203,22 +206,21 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                     pa_pf_init(&cK[j], nK ? nK : Kj[j], row_stride, row_bytes, 0, nK ? T : 0);
                     pa_pf_init(&cV[j], nK ? nK + P->v_offset : Kj[j], row_stride, row_bytes, 0, nK ? T : 0);
                 }
+                const char *Ks[PA_SUPER_PAGES], *Vs[PA_SUPER_PAGES];
+                for (int j = 0; j < npg; j++) { Ks[j] = Kj[j] + D; Vs[j] = Vj[j] + D; }  /* int8 scales */
+                const int tm = PA_SFX(pa_super_token_major) && !(flags & PA_TUNE_SUPER_PAGE_ORDER);
                 for (int b4 = 0; b4 < nblk; b4++) {
                     if (b4 * 4 >= M) continue;
                     float *Sb = W.S + (int64_t)b4 * 4 * SldS;
-                    for (int j = 0; j < npg; j++) {
-                        PA_SFX(pa_qk4)(qg + (int64_t)b4 * 4 * D, D, Kj[j], ks, 0, T, Sb + (int64_t)j * T * 4, 0,
-                                       use_pf ? &cK[j] : NULL, flags, P->dtype, perm);
-                        if (i8) pa_i8_scale_pairs(Sb + (int64_t)j * T * 4, 0, T, Kj[j] + D, row_stride);
-                    }
+                    PA_SFX(pa_qk4v)(qg + (int64_t)b4 * 4 * D, D, Kj, npg, T, ks, Sb, use_pf ? cK : NULL, flags,
+                                    P->dtype, perm);
+                    if (i8) pa_i8_scale_pages(Sb, Ks, npg, T, row_stride, tm);
                     float slope4[4], pos4[4];
                     pa_block_bias(P, it, &W, gi, b4, M, tok0, delta, slope4, pos4);
                     PA_SFX(pa_softmax4)(Sb, 0, npg * T / 2, slo + b4 * 4, shi + b4 * 4, P->soft_cap, slope4,
                                         pos4, mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
-                    if (i8)
-                        for (int j = 0; j < npg; j++)
-                            pa_i8_scale_pairs(Sb + (int64_t)j * T * 4, 0, T, Vj[j] + D, row_stride);
-                    PA_SFX(pa_pv4n)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T, ks,
+                    if (i8) pa_i8_scale_pages(Sb, Vs, npg, T, row_stride, tm);
+                    PA_SFX(pa_pv4v)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T, ks,
                                     use_pf ? cV : NULL, flags, P->dtype, perm);
                     use_pf = 0;
                 }

@@ -62,9 +62,17 @@ static void pa_pv4_scalar(float *O, int D, const float *alpha, const float *P, i
 }
 
 
-/* P.V over tokens [0, T) of npg whole pages, scores of page j at P + j*T*4:
- * one page at a time here, later pages adding to the rescaled output. */
-static void pa_pv4n_scalar(float *O, int D, const float *alpha, const float *P,
+/* Several whole pages per step, page after page (page-major order): scores
+ * of page j at S + j*T*4; later pages add to the rescaled output. */
+enum { pa_super_token_major_scalar = 0 };
+
+static void pa_qk4v_scalar(const float *q, int D, const char *const *K, int npg, int T, int64_t ks,
+                               float *S, pa_pfcur *pf, int flags, int dtype, int perm) {
+    for (int j = 0; j < npg; j++)
+        pa_qk4_scalar(q, D, K[j], ks, 0, T, S + (int64_t)j * T * 4, 0, pf ? pf + j : NULL, flags, dtype, perm);
+}
+
+static void pa_pv4v_scalar(float *O, int D, const float *alpha, const float *P,
                                const char *const *V, int npg, int T, int64_t vs, pa_pfcur *pf,
                                int flags, int dtype, int perm) {
     static const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};

@@ -30,7 +30,8 @@ enum pagedcy_attn_tune {
     PA_TUNE_PREFILL_M512 = 4096,  /* prefill items of 512 query vectors */
     PA_TUNE_SUPER1 = 8192,        /* decode on head-major pages: one page per softmax/P.V step */
     PA_TUNE_SUPER2 = 16384,       /* ... at most two (default: PA_SUPER_PAGES) */
-    PA_TUNE_SUPER_F32 = 32768     /* ... float32 too (default: 16-bit and int8 only) */
+    PA_TUNE_SUPER_F32 = 32768,    /* ... float32 on the AVX2 and scalar paths too */
+    PA_TUNE_SUPER_PAGE_ORDER = 65536 /* ... AVX-512 reads them page after page, not token-major */
 };
 
 typedef struct {
@@ -112,6 +113,23 @@ static inline void pa_i8_scale_pairs(float *S, int tlo, int thi, const char *sca
         for (int k = 0; k < 8; k += 2) { p[k] *= s0; p[k + 1] *= s1; }
     }
     if (t < thi) pa_i8_scale_one(S, t, scales, stride);
+}
+
+/* pa_i8_scale_pairs over npg whole pages of T tokens in a multi-page step:
+ * page j's scales at rows[j] + t*stride; token-major (v = t*npg + j) or
+ * page-major (v = j*T + t) order, as the instruction set lays them out. */
+static inline void pa_i8_scale_pages(float *S, const char *const *rows, int npg, int T, int64_t stride,
+                                     int token_major) {
+    if (!token_major) {
+        for (int j = 0; j < npg; j++) pa_i8_scale_pairs(S + (int64_t)j * T * 4, 0, T, rows[j], stride);
+        return;
+    }
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < npg; j++) {
+            float sc;
+            memcpy(&sc, rows[j] + (int64_t)t * stride, sizeof(float));
+            for (int r = 0; r < 4; r++) S[pa_pair_idx(r, t * npg + j)] *= sc;
+        }
 }
 
 /* Runs `...` (a statement using the name DT) with DT a compile-time constant
