@@ -124,12 +124,17 @@ static inline void pa_i8_scale_pages(float *S, const char *const *rows, int npg,
         for (int j = 0; j < npg; j++) pa_i8_scale_pairs(S + (int64_t)j * T * 4, 0, T, rows[j], stride);
         return;
     }
-    for (int t = 0; t < T; t++)
-        for (int j = 0; j < npg; j++) {
-            float sc;
-            memcpy(&sc, rows[j] + (int64_t)t * stride, sizeof(float));
-            for (int r = 0; r < 4; r++) S[pa_pair_idx(r, t * npg + j)] *= sc;
-        }
+    /* a pair at a time, as pa_i8_scale_pairs (npg * T is even) */
+    int j = 0, t = 0;
+    for (int v = 0; v < npg * T; v += 2) {
+        float s0, s1;
+        memcpy(&s0, rows[j] + (int64_t)t * stride, sizeof(float));
+        if (++j == npg) { j = 0; t++; }
+        memcpy(&s1, rows[j] + (int64_t)t * stride, sizeof(float));
+        if (++j == npg) { j = 0; t++; }
+        float *p = S + (int64_t)(v >> 1) * 8;
+        for (int k = 0; k < 8; k += 2) { p[k] *= s0; p[k + 1] *= s1; }
+    }
 }
 
 /* Runs `...` (a statement using the name DT) with DT a compile-time constant
