@@ -299,24 +299,11 @@ PA_AVX2 static void pa_pv4_avx2(float *O, int D, const float *alpha, const float
     else PA_DISPATCH_DTYPE(dtype, DT, pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, flags, DT, 0));
 }
 
-/* Several whole pages per step, page after page (page-major order): scores
- * of page j at S + j*T*4; later pages add to the rescaled output. */
+/* Several whole pages per step: page after page here (the helpers live in
+ * pagedcy_attn_item.h); only the AVX-512 kernels read them token-major. */
 enum { pa_super_token_major_avx2 = 0 };
-
-PA_AVX2 static void pa_qk4v_avx2(const float *q, int D, const char *const *K, int npg, int T, int64_t ks,
-                               float *S, pa_pfcur *pf, int flags, int dtype, int perm) {
-    for (int j = 0; j < npg; j++)
-        pa_qk4_avx2(q, D, K[j], ks, 0, T, S + (int64_t)j * T * 4, 0, pf ? pf + j : NULL, flags, dtype, perm);
-}
-
-PA_AVX2 static void pa_pv4v_avx2(float *O, int D, const float *alpha, const float *P,
-                               const char *const *V, int npg, int T, int64_t vs, pa_pfcur *pf,
-                               int flags, int dtype, int perm) {
-    static const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-    for (int j = 0; j < npg; j++)
-        pa_pv4_avx2(O, D, j ? one : alpha, P + (int64_t)j * T * 4, 0, V[j], vs, 0, T, pf ? pf + j : NULL,
-                     flags, dtype, perm);
-}
+#define pa_qk4v_avx2 pa_qk4v_pages_avx2
+#define pa_pv4v_avx2 pa_pv4v_pages_avx2
 
 /* End of an online-softmax step of a 4-row block: from the new row maxima
  * (lanes 2r, 2r+1 of mnew) and the partial sums of p (lanes 2r, 2r+1 of acc),

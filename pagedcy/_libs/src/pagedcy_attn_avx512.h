@@ -151,6 +151,22 @@ PA_AVX512_INLINE void pa_qk4_z(const float *q, int D, const void *K, int64_t ks,
     if (pf) pa_pf_step(pf, pa_pf_lines_left(pf), flags);
 }
 
+/* The 4 x NC accumulators of a P.V pass: O's columns [d0, d0 + 16*NC)
+ * scaled by alpha, and back. */
+PA_AVX512_INLINE void pa_pv4_acc_load_z(__m512 c[4][4], const float *O, int D, int d0, const float *alpha,
+                                        int NC) {
+    for (int r = 0; r < 4; r++) {
+        const __m512 al = _mm512_set1_ps(alpha[r]);
+        for (int n = 0; n < NC; n++)
+            c[r][n] = _mm512_mul_ps(_mm512_loadu_ps(O + (int64_t)r * D + d0 + 16 * n), al);
+    }
+}
+
+PA_AVX512_INLINE void pa_pv4_acc_store_z(__m512 c[4][4], float *O, int D, int d0, int NC) {
+    for (int r = 0; r < 4; r++)
+        for (int n = 0; n < NC; n++) _mm512_storeu_ps(O + (int64_t)r * D + d0 + 16 * n, c[r][n]);
+}
+
 /* O[r][d0 : d0+16*NC] = O*alpha[r] + sum_t P[r][t] V[t][...] for 4 rows:
  * 4*NC accumulators stay in registers across the tokens. */
 PA_AVX512_INLINE void pa_pv4_pass_z(float *O, int D, int d0, const float *alpha, const float *P,
@@ -158,11 +174,7 @@ PA_AVX512_INLINE void pa_pv4_pass_z(float *O, int D, int d0, const float *alpha,
                                     int pf_per_step, int flags, int NC, int dtype) {
     const int64_t es = pa_dtype_bytes(dtype);
     __m512 c[4][4];
-    for (int r = 0; r < 4; r++) {
-        const __m512 al = _mm512_set1_ps(alpha[r]);
-        for (int n = 0; n < NC; n++)
-            c[r][n] = _mm512_mul_ps(_mm512_loadu_ps(O + (int64_t)r * D + d0 + 16 * n), al);
-    }
+    pa_pv4_acc_load_z(c, O, D, d0, alpha, NC);
     const char *vr = (const char *)V + ((int64_t)tlo * vs + d0) * es;
     const float *pp = P + (tlo >> 1) * 8 + (tlo & 1);
     for (int t = tlo; t < thi; t++, vr += vs * es) {
@@ -175,8 +187,7 @@ PA_AVX512_INLINE void pa_pv4_pass_z(float *O, int D, int d0, const float *alpha,
         }
         pp += (t & 1) ? 7 : 1;        /* next token: other lane of the pair, or next pair */
     }
-    for (int r = 0; r < 4; r++)
-        for (int n = 0; n < NC; n++) _mm512_storeu_ps(O + (int64_t)r * D + d0 + 16 * n, c[r][n]);
+    pa_pv4_acc_store_z(c, O, D, d0, NC);
 }
 
 /* Scores of 4 query rows against tokens [0, T) of npg pages in token-major
@@ -207,11 +218,7 @@ PA_AVX512_INLINE void pa_pv4v_pass_z(float *O, int D, int d0, const float *alpha
                                      const int *per_t, int flags, int NC, int dtype) {
     const int64_t es = pa_dtype_bytes(dtype);
     __m512 c[4][4];
-    for (int r = 0; r < 4; r++) {
-        const __m512 al = _mm512_set1_ps(alpha[r]);
-        for (int n = 0; n < NC; n++)
-            c[r][n] = _mm512_mul_ps(_mm512_loadu_ps(O + (int64_t)r * D + d0 + 16 * n), al);
-    }
+    pa_pv4_acc_load_z(c, O, D, d0, alpha, NC);
     for (int t = 0; t < T; t++) {
         for (int j = 0; pf && j < npg; j++) pa_pf_step(pf + j, per_t[j], flags);
         for (int j = 0; j < npg; j++) {
@@ -226,8 +233,7 @@ PA_AVX512_INLINE void pa_pv4v_pass_z(float *O, int D, int d0, const float *alpha
             }
         }
     }
-    for (int r = 0; r < 4; r++)
-        for (int n = 0; n < NC; n++) _mm512_storeu_ps(O + (int64_t)r * D + d0 + 16 * n, c[r][n]);
+    pa_pv4_acc_store_z(c, O, D, d0, NC);
 }
 
 PA_AVX512_INLINE void pa_pv4v_z(float *O, int D, const float *alpha, const float *P, const char *const *V,
@@ -240,56 +246,6 @@ PA_AVX512_INLINE void pa_pv4v_z(float *O, int D, const float *alpha, const float
         if (nc == 4) pa_pv4v_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_t, flags, 4, dtype);
         else if (nc == 2) pa_pv4v_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_t, flags, 2, dtype);
         else pa_pv4v_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_t, flags, 1, dtype);
-        d += 16 * nc;
-    }
-    for (int j = 0; pf && j < npg; j++) pa_pf_step(pf + j, pa_pf_lines_left(pf + j), flags);
-}
-
-/* pa_pv4_pass_z over tokens [0, T) of npg pages (T even; P holds their
- * scores one page after another), the accumulators kept across pages. */
-PA_AVX512_INLINE void pa_pv4n_pass_z(float *O, int D, int d0, const float *alpha, const float *P,
-                                     const char *const *V, int npg, int T, int64_t vs, pa_pfcur *pf,
-                                     const int *per_pair, int flags, int NC, int dtype) {
-    const int64_t es = pa_dtype_bytes(dtype);
-    __m512 c[4][4];
-    for (int r = 0; r < 4; r++) {
-        const __m512 al = _mm512_set1_ps(alpha[r]);
-        for (int n = 0; n < NC; n++)
-            c[r][n] = _mm512_mul_ps(_mm512_loadu_ps(O + (int64_t)r * D + d0 + 16 * n), al);
-    }
-    const float *pp = P;
-    for (int j = 0; j < npg; j++) {
-        const char *vr = V[j] + (int64_t)d0 * es;
-        for (int t = 0; t < T; t += 2, vr += 2 * vs * es, pp += 8) {
-            if (pf) pa_pf_step(pf + j, per_pair[j], flags);
-            __m512 v[4];
-            for (int n = 0; n < NC; n++) v[n] = pa_ld16z(vr, 16 * n, dtype);
-            for (int r = 0; r < 4; r++) {
-                const __m512 b = _mm512_set1_ps(pp[2 * r]);
-                for (int n = 0; n < NC; n++) c[r][n] = _mm512_fmadd_ps(b, v[n], c[r][n]);
-            }
-            for (int n = 0; n < NC; n++) v[n] = pa_ld16z(vr + vs * es, 16 * n, dtype);
-            for (int r = 0; r < 4; r++) {
-                const __m512 b = _mm512_set1_ps(pp[2 * r + 1]);
-                for (int n = 0; n < NC; n++) c[r][n] = _mm512_fmadd_ps(b, v[n], c[r][n]);
-            }
-        }
-    }
-    for (int r = 0; r < 4; r++)
-        for (int n = 0; n < NC; n++) _mm512_storeu_ps(O + (int64_t)r * D + d0 + 16 * n, c[r][n]);
-}
-
-PA_AVX512_INLINE void pa_pv4n_z(float *O, int D, const float *alpha, const float *P, const char *const *V,
-                                int npg, int T, int64_t vs, pa_pfcur *pf, int flags, int dtype) {
-    const int passes = D / 64 + (D % 64 >= 32) + (D % 32 >= 16);
-    int per_pair[PA_SUPER_PAGES];
-    for (int j = 0; pf && j < npg; j++)
-        per_pair[j] = (pa_pf_lines_left(pf + j) + passes * (T / 2) - 1) / (passes * (T / 2));
-    for (int d = 0; d < D; ) {
-        const int nc = D - d >= 64 ? 4 : D - d >= 32 ? 2 : 1;
-        if (nc == 4) pa_pv4n_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_pair, flags, 4, dtype);
-        else if (nc == 2) pa_pv4n_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_pair, flags, 2, dtype);
-        else pa_pv4n_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_pair, flags, 1, dtype);
         d += 16 * nc;
     }
     for (int j = 0; pf && j < npg; j++) pa_pf_step(pf + j, pa_pf_lines_left(pf + j), flags);
@@ -438,19 +394,12 @@ PA_AVX512 static void pa_pv4_avx512(float *O, int D, const float *alpha, const f
 
 
 /* Several whole pages per step (pagedcy_attn_item.h): scores and P.V in
- * token-major order (pa_super_token_major), or page after page with
- * PA_TUNE_SUPER_PAGE_ORDER. */
+ * token-major order (the AVX2 and scalar paths go page after page). */
 enum { pa_super_token_major_avx512 = 1 };
 
 PA_AVX512 static void pa_qk4v_avx512(const float *q, int D, const char *const *K, int npg, int T, int64_t ks,
                                      float *S, pa_pfcur *pf, int flags, int dtype, int perm) {
     (void)perm;
-    if (flags & PA_TUNE_SUPER_PAGE_ORDER) {
-        for (int j = 0; j < npg; j++)
-            PA_DISPATCH_DTYPE(dtype, DT, pa_qk4_z(q, D, K[j], ks, 0, T, S + (int64_t)j * T * 4,
-                                                  pf ? pf + j : NULL, flags, DT));
-        return;
-    }
     PA_DISPATCH_DTYPE(dtype, DT, pa_qk4v_z(q, D, K, npg, T, ks * pa_dtype_bytes(DT), S, pf, flags, DT));
 }
 
@@ -458,10 +407,7 @@ PA_AVX512 static void pa_pv4v_avx512(float *O, int D, const float *alpha, const 
                                      const char *const *V, int npg, int T, int64_t vs, pa_pfcur *pf,
                                      int flags, int dtype, int perm) {
     (void)perm;
-    if (flags & PA_TUNE_SUPER_PAGE_ORDER)
-        PA_DISPATCH_DTYPE(dtype, DT, pa_pv4n_z(O, D, alpha, P, V, npg, T, vs, pf, flags, DT));
-    else
-        PA_DISPATCH_DTYPE(dtype, DT, pa_pv4v_z(O, D, alpha, P, V, npg, T, vs, pf, flags, DT));
+    PA_DISPATCH_DTYPE(dtype, DT, pa_pv4v_z(O, D, alpha, P, V, npg, T, vs, pf, flags, DT));
 }
 
 /* Packing and scaling are bandwidth-trivial: the AVX2 versions serve. */

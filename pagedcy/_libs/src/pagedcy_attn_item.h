@@ -48,6 +48,24 @@ static inline void pa_prefetch_slices(const char *pfK, const char *pfV, int nt, 
 }
 #endif
 
+/* Several whole pages per step, page after page: scores of page j at
+ * S + j*T*4, later pages adding to the rescaled output. What the AVX2 and
+ * scalar paths run, and AVX-512 under PA_TUNE_SUPER_PAGE_ORDER. */
+PA_FN_ATTR static void PA_SFX(pa_qk4v_pages)(const float *q, int D, const char *const *K, int npg, int T,
+                                             int64_t ks, float *S, pa_pfcur *pf, int flags, int dtype, int perm) {
+    for (int j = 0; j < npg; j++)
+        PA_SFX(pa_qk4)(q, D, K[j], ks, 0, T, S + (int64_t)j * T * 4, 0, pf ? pf + j : NULL, flags, dtype, perm);
+}
+
+PA_FN_ATTR static void PA_SFX(pa_pv4v_pages)(float *O, int D, const float *alpha, const float *P,
+                                             const char *const *V, int npg, int T, int64_t vs, pa_pfcur *pf,
+                                             int flags, int dtype, int perm) {
+    static const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    for (int j = 0; j < npg; j++)
+        PA_SFX(pa_pv4)(O, D, j ? one : alpha, P + (int64_t)j * T * 4, 0, V[j], vs, 0, T, pf ? pf + j : NULL,
+                       flags, dtype, perm);
+}
+
 PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const pagedcy_attn_item *it,
                                            float *ws, float *part_o, float *part_lse) {
     const int G = P->H / P->Hkv, D = P->D, T = P->T, flags = P->flags;
@@ -212,16 +230,20 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 for (int b4 = 0; b4 < nblk; b4++) {
                     if (b4 * 4 >= M) continue;
                     float *Sb = W.S + (int64_t)b4 * 4 * SldS;
-                    PA_SFX(pa_qk4v)(qg + (int64_t)b4 * 4 * D, D, Kj, npg, T, ks, Sb, use_pf ? cK : NULL, flags,
-                                    P->dtype, perm);
+                    if (tm) PA_SFX(pa_qk4v)(qg + (int64_t)b4 * 4 * D, D, Kj, npg, T, ks, Sb, use_pf ? cK : NULL,
+                                            flags, P->dtype, perm);
+                    else PA_SFX(pa_qk4v_pages)(qg + (int64_t)b4 * 4 * D, D, Kj, npg, T, ks, Sb,
+                                               use_pf ? cK : NULL, flags, P->dtype, perm);
                     if (i8) pa_i8_scale_pages(Sb, Ks, npg, T, row_stride, tm);
                     float slope4[4], pos4[4];
                     pa_block_bias(P, it, &W, gi, b4, M, tok0, delta, slope4, pos4);
                     PA_SFX(pa_softmax4)(Sb, 0, npg * T / 2, slo + b4 * 4, shi + b4 * 4, P->soft_cap, slope4,
                                         pos4, mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
                     if (i8) pa_i8_scale_pages(Sb, Vs, npg, T, row_stride, tm);
-                    PA_SFX(pa_pv4v)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T, ks,
-                                    use_pf ? cV : NULL, flags, P->dtype, perm);
+                    if (tm) PA_SFX(pa_pv4v)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T, ks,
+                                            use_pf ? cV : NULL, flags, P->dtype, perm);
+                    else PA_SFX(pa_pv4v_pages)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T,
+                                               ks, use_pf ? cV : NULL, flags, P->dtype, perm);
                     use_pf = 0;
                 }
             }

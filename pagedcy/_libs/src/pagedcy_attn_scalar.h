@@ -62,24 +62,11 @@ static void pa_pv4_scalar(float *O, int D, const float *alpha, const float *P, i
 }
 
 
-/* Several whole pages per step, page after page (page-major order): scores
- * of page j at S + j*T*4; later pages add to the rescaled output. */
+/* Several whole pages per step: page after page here (the helpers live in
+ * pagedcy_attn_item.h); only the AVX-512 kernels read them token-major. */
 enum { pa_super_token_major_scalar = 0 };
-
-static void pa_qk4v_scalar(const float *q, int D, const char *const *K, int npg, int T, int64_t ks,
-                               float *S, pa_pfcur *pf, int flags, int dtype, int perm) {
-    for (int j = 0; j < npg; j++)
-        pa_qk4_scalar(q, D, K[j], ks, 0, T, S + (int64_t)j * T * 4, 0, pf ? pf + j : NULL, flags, dtype, perm);
-}
-
-static void pa_pv4v_scalar(float *O, int D, const float *alpha, const float *P,
-                               const char *const *V, int npg, int T, int64_t vs, pa_pfcur *pf,
-                               int flags, int dtype, int perm) {
-    static const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-    for (int j = 0; j < npg; j++)
-        pa_pv4_scalar(O, D, j ? one : alpha, P + (int64_t)j * T * 4, 0, V[j], vs, 0, T, pf ? pf + j : NULL,
-                     flags, dtype, perm);
-}
+#define pa_qk4v_scalar pa_qk4v_pages_scalar
+#define pa_pv4v_scalar pa_pv4v_pages_scalar
 /* Online-softmax step of a 4-row block over token pairs [jb, je), the
  * contract of pa_softmax4_avx2: soft cap, ALiBi, mask outside [vlo, vhi] (an
  * empty range marks an inactive row: p 0, alpha 1, m and l kept), scores
