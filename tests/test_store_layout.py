@@ -61,7 +61,7 @@ def test_layouts_agree(data, dtype):
                 else:
                     np.testing.assert_allclose(got, x.reshape(n, -1), rtol=2e-2, atol=2e-2)
     a, b = (s.pages() for s in stores)
-    assert a.view(np.uint8).tobytes() != b"" and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
     # the same attention from both
     q = rng.standard_normal((2, 2 * Hkv, D)).astype(np.float32)
     ind = np.array([0, 1, 2])
