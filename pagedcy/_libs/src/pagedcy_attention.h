@@ -1,8 +1,9 @@
 /* Paged attention over the pagedcy page pool (plain C, called from Cython).
  *
- * Pool layout: kv_pages[max_pages, num_layers, 2, page_size, Hkv, D], so one
- * page's K rows for a layer are a contiguous block of page_size token rows of
- * kv_dim = Hkv*D elements and the V rows follow.  All arithmetic is float32.
+ * Pool: kv_pages[max_pages, num_layers, 2, page_size, Hkv, D] with any byte
+ * strides whose rows are contiguous (pagedcy_attn_params): the store's pages
+ * are head-major (a head's K rows of a page, then its V rows), a caller's
+ * C-order array token-major. All arithmetic is float32.
  *
  * The work is cut into items (pagedcy_attn_plan.h); an item keeps the running
  * softmax state of all its query vectors and walks its pages once, so every

@@ -9,7 +9,10 @@
  * #undefs them at the end. Each instruction set provides, with its suffix,
  * the same micro-kernels: pa_qk4 / pa_pv4 / pa_softmax4 (4-row blocks read
  * straight from the pool), pa_pack_kt / pa_pack_row / pa_qk12 / pa_pv12
- * (12-row blocks on packed float32 slices), pa_scale_copy and pa_kv_perm.
+ * (12-row blocks on packed float32 slices), pa_scale_copy and pa_kv_perm,
+ * and for multi-page decode steps pa_qk4v / pa_pv4v with
+ * pa_super_token_major (AVX-512 reads the pages token-major; the others
+ * map pa_qk4v / pa_pv4v to the page-after-page helpers defined here).
  *
  * Query vectors of the item are numbered v = row * G + head_in_group and
  * padded to a multiple of 4 (12 when packed); pad rows are zero and never
@@ -71,7 +74,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
     const int G = P->H / P->Hkv, D = P->D, T = P->T, flags = P->flags;
     const int ng = it->ng, M = it->nr * G, Mp = pa_item_mp(M, flags), nblk = Mp / 4;
     const int Sld = (T + 7) & ~7;
-    const int64_t SldS = Mp < 32 ? ((PA_SUPER_PAGES * (int64_t)T + 7) & ~7) : Sld; /* see ws layout */
+    const int64_t SldS = pa_score_ld(Mp, T);
     const int64_t q_start = P->qo_indptr[it->b];
     const int64_t q_len = P->qo_indptr[it->b + 1] - q_start;
     const int64_t kv_len = P->kv_lens[it->b];
@@ -83,8 +86,8 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
     const int64_t row_stride = P->tok_stride, ks = row_stride / es, hs = P->head_stride;
     /* token-major pages ([token][head][row], the C order of a caller's
      * [page, layer, 2, token, head, row] array) get the 4 KiB-stretch
-     * prefetch below; head-major pages are read front to back per head and
-     * left to the hardware prefetchers */
+     * prefetch below; head-major pages (the store's) prefetch the next
+     * (page, head) slice and may go several pages per step */
     const int nhd = hs == row_bytes && row_stride == P->Hkv * row_bytes
                     && P->v_offset == (int64_t)T * row_stride;
 

@@ -174,10 +174,14 @@ static inline int pa_item_mp(int M, int flags) {
  * (pagedcy_attn_item.h). */
 #define PA_SUPER_PAGES 4
 
+/* Floats per row of a 4-row block's scores: unpacked items (Mp < 32) hold
+ * up to PA_SUPER_PAGES pages' worth, packed ones a page's. */
+static inline int64_t pa_score_ld(int Mp, int T) {
+    return ((int64_t)(Mp < 32 ? PA_SUPER_PAGES : 1) * T + 7) & ~7;
+}
+
 static inline int64_t pagedcy_attn_ws_layout(pagedcy_attn_ws *W, float *base, int ng, int Mp, int D, int T) {
-    const int64_t Sld = (T + 7) & ~7;
-    /* unpacked items hold scores of up to PA_SUPER_PAGES pages per 4-row block */
-    const int64_t SldS = Mp < 32 ? ((PA_SUPER_PAGES * (int64_t)T + 7) & ~7) : Sld;
+    const int64_t Sld = (T + 7) & ~7, SldS = pa_score_ld(Mp, T);
     int64_t off = 0;
 #define PA_TAKE(field, type, n) do { if (W) W->field = (type *)(base + off); off += pa_al16(n); } while (0)
     PA_TAKE(qp, float, (int64_t)ng * Mp * D);
