@@ -8,16 +8,18 @@ import numpy as np
 from pagedcy._libs._attention import (_batch_paged_attention_tuned, batch_paged_attention,
                                       simd_level)
 from pagedcy.tools.bench import _median_time, make_decode, numpy_reference, paired_ratio, torch_case
-from pagedcy._libs._bandwidth import read_bandwidth
+from pagedcy._libs._bandwidth import page_read_bandwidth, read_bandwidth
 
 H, HKV, D = 32, 8, 128
 _BW = {}
 
 
-def _bandwidth(threads):
-    if threads not in _BW:
-        _BW[threads] = read_bandwidth(2 * 2**30, num_threads=threads, repeats=3)
-    return _BW[threads]
+def _bandwidth(threads, walk=False):
+    """read_bandwidth (walk=False) or page_read_bandwidth over 2 GiB, once per process."""
+    if (threads, walk) not in _BW:
+        fn = page_read_bandwidth if walk else read_bandwidth
+        _BW[threads, walk] = fn(nbytes=2 * 2**30, num_threads=threads, repeats=3)
+    return _BW[threads, walk]
 
 
 def _make(batch, kv_len, q_len, dtype, page_size, seed=0):
@@ -61,6 +63,11 @@ class Decode:
     def track_pct_of_bandwidth(self, *p):
         return 100.0 * self.track_gbps() / _bandwidth(self.threads)
     track_pct_of_bandwidth.unit = "% of read bandwidth"
+
+    def track_pct_of_page_walk(self, *p):
+        """Rate as a share of page_read_bandwidth: the same random-page walk with no compute."""
+        return 100.0 * self.track_gbps() / _bandwidth(self.threads, walk=True)
+    track_pct_of_page_walk.unit = "% of page-walk read rate"
 
     def track_speedup_vs_numpy(self, batch, kv_len, dtype, threads, page_size):
         q, ind, pages, bt, lens = self.args
@@ -283,3 +290,21 @@ def track_read_bandwidth():
     """Best 2-thread read bandwidth over a 2 GiB buffer (the yardstick of the % figures)."""
     return read_bandwidth(2 * 2**30, num_threads=2, repeats=3)
 track_read_bandwidth.unit = "GB/s"
+
+
+class PageWalk:
+    """page_read_bandwidth (2 GiB as 128 KiB pages in random order, 4 at a time, no compute)
+    as a share of read_bandwidth, per thread count: how much of the sequential read rate a
+    decode-style page walk can reach on this CPU at all."""
+    params = ([1, 2],)
+    param_names = ["threads"]
+    timeout = 300
+
+    def track_page_walk_pct_of_read_bandwidth(self, threads):
+        buf = np.ones(2 * 2**30 // 4, np.float32)
+        bw = walk = 0.0
+        for _ in range(3):                 # alternate, so both see the same neighbours
+            bw = max(bw, read_bandwidth(num_threads=threads, repeats=1, buffer=buf))
+            walk = max(walk, page_read_bandwidth(num_threads=threads, repeats=1, buffer=buf))
+        return 100.0 * walk / bw
+    track_page_walk_pct_of_read_bandwidth.unit = "% of read bandwidth"

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pagedcy._libs._attention import (_TUNE_FLAGS, batch_paged_attention, merge_states,
                                       simd_enabled, simd_level)
 from pagedcy._libs._attention import _batch_paged_attention_tuned as tuned_attention
-from pagedcy._libs._bandwidth import read_bandwidth
+from pagedcy._libs._bandwidth import _page_walk_sum, page_read_bandwidth, read_bandwidth
 
 sys.path.insert(0, os.path.dirname(__file__))
 from attn_helpers import make_batch, reference  # noqa: E402
@@ -382,6 +382,67 @@ def test_read_bandwidth():
         read_bandwidth(buffer=ones[:100])
     with pytest.raises(RuntimeError):                  # the checksum sees a buffer not all ones
         read_bandwidth(buffer=np.zeros(4096, np.float32))
+
+
+def _walk_reference(x, page_bytes, streams, row_bytes, seed):
+    """float64 sum of page_read_bandwidth's reads, in its order: a page read twice or
+    skipped, or a row read from the wrong place, changes the sum of distinct values."""
+    pf, rf = page_bytes // 4, row_bytes // 4
+    npages = x.size // pf
+    order = np.random.default_rng(seed).permutation(npages)
+    total = 0.0
+    for g in range(0, npages, streams):
+        group = order[g:g + streams]
+        for r in range(pf // rf):
+            for p in group:
+                total += x[p * pf + r * rf:p * pf + (r + 1) * rf].astype(np.float64).sum()
+    return total, npages * pf
+
+
+@settings(max_examples=40, deadline=None)
+@given(npages=st.integers(1, 12), extra=st.integers(0, 300), rows=st.integers(1, 4),
+       row_lines=st.integers(1, 3), streams=st.integers(1, 5), seed=st.integers(0, 3))
+def test_page_walk_reads_every_page_once(npages, extra, rows, row_lines, streams, seed):
+    row_bytes = 64 * row_lines
+    page_bytes = rows * row_bytes
+    # integers, so float32 sums are exact; each page's sum is 64 * (page + 1) * floats plus
+    # less than 8 * floats of noise, so reading one page twice and another not shows
+    n = npages * page_bytes // 4 + extra
+    pf = page_bytes // 4
+    page = np.minimum(np.arange(n) // pf, npages)
+    x = (np.random.default_rng(seed).integers(-7, 8, n) + 64 * (page + 1)).astype(np.float32)
+    want, nread = _walk_reference(x, page_bytes, streams, row_bytes, seed)
+    assert nread <= n
+    got = _page_walk_sum(x, page_bytes, streams, row_bytes, seed)
+    assert got == want
+
+
+def test_page_walk_skips_a_partial_page():
+    page_bytes, npages = 1024, 6
+    x = np.repeat(np.arange(1, npages + 1, dtype=np.float32), page_bytes // 4)
+    y = np.concatenate([x, np.full(100, 1e6, np.float32)])
+    for seed in range(3):
+        assert _page_walk_sum(y, page_bytes, 4, 512, seed) == float(x.sum())
+
+
+def test_page_read_bandwidth():
+    ones = np.ones(64 * 1024, np.float32)              # 256 KiB: 2 pages of 128 KiB
+    for threads in (1, 2):
+        bw = page_read_bandwidth(num_threads=threads, repeats=1, buffer=ones)
+        assert np.isfinite(bw) and bw > 0
+    assert page_read_bandwidth(4096, 8 * 2**20, num_threads=1, repeats=1, streams=3) > 0.1
+    with pytest.raises(RuntimeError):                  # the checksum sees a buffer not all ones
+        page_read_bandwidth(4096, buffer=np.zeros(4096, np.float32))
+    with pytest.raises(TypeError):
+        page_read_bandwidth(buffer=ones.astype(np.float64))
+    with pytest.raises(ValueError):
+        page_read_bandwidth(buffer=ones[::2])
+    with pytest.raises(ValueError):                    # no whole page
+        page_read_bandwidth(page_bytes=2**20, buffer=ones)
+    with pytest.raises(ValueError):
+        page_read_bandwidth(nbytes=100)
+    with pytest.raises(ValueError):
+        _page_walk_sum(ones, 1024, 4, 768)
 
 
 # --- validation -------------------------------------------------------------------

@@ -691,6 +691,11 @@ def _call_entry_point(name, v):
         if attr == "repeats":
             return read_bandwidth(num_threads=1, repeats=v, buffer=np.ones(1024, np.float32))
         return read_bandwidth(v, num_threads=1, repeats=1)
+    if kind == "page_read_bandwidth":
+        from pagedcy._libs._bandwidth import page_read_bandwidth
+        args = dict(page_bytes=1024, streams=2, row_bytes=512, repeats=1)
+        args[attr] = v
+        return page_read_bandwidth(num_threads=1, buffer=np.ones(2048, np.float32), **args)
     if kind == "write_token_rows":
         s = store()
         return write_token_rows(s, np.array([1], np.int32), np.array([2], np.int32), v,
@@ -725,6 +730,10 @@ ENTRY_POINTS = {
     "resolve_num_threads": (2, [(0, ValueError), (-3, ValueError)]),
     "read_bandwidth.repeats": (2, [(0, ValueError), (-1, ValueError)]),
     "read_bandwidth.nbytes": (4096, [(-1, ValueError), (4095, ValueError)]),
+    "page_read_bandwidth.page_bytes": (1024, [(0, ValueError), (1000, ValueError), (16384, ValueError)]),
+    "page_read_bandwidth.streams": (2, [(0, ValueError), (65, ValueError)]),
+    "page_read_bandwidth.row_bytes": (512, [(0, ValueError), (100, ValueError), (384, ValueError)]),
+    "page_read_bandwidth.repeats": (1, [(0, ValueError), (-1, ValueError)]),
     "write_token_rows": (1, [(-1, IndexError), (2, IndexError), (2**70, IndexError)]),
     "build_block_table": (2, [(-1, ValueError), (1, ValueError), (2**70, ValueError)]),
 }

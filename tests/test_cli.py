@@ -216,6 +216,12 @@ def test_bench_quick_table(threads, simd):
     assert rows and all(line.startswith(("decode", "prefill")) for line in rows)
     assert {int(line[34:38]) for line in rows} == ({1, 2} if threads == "2" else {1})
     assert ("prefill scaling 1 -> 2 threads" in out) == (threads == "2")
+    # decode rows also give their share of the page-walk read rate, in the footer
+    walk = next(line for line in lines if line.startswith("page-walk read rate"))
+    assert ("2 threads" in walk) == (threads == "2") and "of the read bandwidth" in walk
+    for line in rows:
+        cell = line[73:81].strip()
+        assert cell.endswith("%") if line.startswith("decode") else cell == "-", line
     from pagedcy._libs._attention import simd_level
     assert any("AVX2 kernels" in line for line in rows) == (simd is None and simd_level() == 2)
     # stderr is a pipe here: no progress drawing (it used to write "\r\033[K" status lines)

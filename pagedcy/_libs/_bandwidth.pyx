@@ -1,10 +1,15 @@
-"""Memory read-bandwidth yardstick for the kernels' "% of bandwidth" figures."""
+"""Memory read-bandwidth yardsticks for the kernels' "% of bandwidth" figures.
+
+``read_bandwidth``: long sequential streams, the best case of the memory
+system. ``page_read_bandwidth``: the same buffer read the way decode reads a
+paged KV cache (random pages, a few at a time, row by row) with no compute,
+the best a kernel walking such pages can hope for."""
 import time
 
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, int32_t
 
 from pagedcy._libs._threads import resolve_num_threads
 from pagedcy import _validate
@@ -57,6 +62,62 @@ cdef extern from *:
     """
     float pagedcy_bw_sum(const float *x, long long n) noexcept nogil
 
+cdef extern from *:
+    """
+    /* Sum of one row of n floats (n a multiple of 16), 16 at a time. */
+    static inline void pagedcy_bw_row_scalar(const float *x, long long n, float *acc) {
+        for (long long i = 0; i < n; i += 16)
+            for (int k = 0; k < 16; k++) acc[k] += x[i + k];
+    }
+    #if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+    __attribute__((target("avx2,fma")))
+    static double pagedcy_bw_walk_avx2(const char *base, const int32_t *order, long long n, long long page_bytes,
+                                      int streams, long long row_bytes) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        const long long rf = row_bytes / 4, nrows = page_bytes / row_bytes;
+        for (long long g = 0; g < n; g += streams) {
+            const int w = n - g < streams ? (int)(n - g) : streams;
+            for (long long r = 0; r < nrows; r++)
+                for (int j = 0; j < w; j++) {
+                    const float *x = (const float *)(base + (long long)order[g + j] * page_bytes) + r * rf;
+                    for (long long i = 0; i < rf; i += 16) {
+                        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(x + i));
+                        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(x + i + 8));
+                    }
+                }
+        }
+        float t[8];
+        _mm256_storeu_ps(t, _mm256_add_ps(a0, a1));
+        double s = 0;
+        for (int k = 0; k < 8; k++) s += t[k];
+        return s;
+    }
+    #endif
+    /* Pages order[0:n) (page_bytes each, of base) taken `streams` at a time;
+     * within a group, row r of every page in turn, rows front to back: the
+     * order of a multi-page decode step. */
+    static double pagedcy_bw_walk(const char *base, const int32_t *order, long long n, long long page_bytes,
+                                 int streams, long long row_bytes) {
+    #if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+        if (pagedcy_use_simd()) return pagedcy_bw_walk_avx2(base, order, n, page_bytes, streams, row_bytes);
+    #endif
+        float acc[16] = {0};
+        const long long nrows = page_bytes / row_bytes;
+        for (long long g = 0; g < n; g += streams) {
+            const int w = n - g < streams ? (int)(n - g) : streams;
+            for (long long r = 0; r < nrows; r++)
+                for (int j = 0; j < w; j++)
+                    pagedcy_bw_row_scalar((const float *)(base + (long long)order[g + j] * page_bytes + r * row_bytes),
+                                          row_bytes / 4, acc);
+        }
+        double s = 0;
+        for (int k = 0; k < 16; k++) s += acc[k];
+        return s;
+    }
+    """
+    double pagedcy_bw_walk(const char *base, const int32_t *order, long long n, long long page_bytes,
+                          int streams, long long row_bytes) noexcept nogil
+
 
 cdef double c_read_pass(const float *x, int64_t n, int num_threads) noexcept nogil:
     """Sum of x[0:n], read by num_threads threads in contiguous chunks (16 per thread)."""
@@ -95,11 +156,7 @@ def read_bandwidth(nbytes=512 * 2**20, num_threads=None, repeats=5, *, buffer=No
             raise ValueError(f"nbytes must be >= 4096, got {size}")
         buf = np.ones(size // 4, dtype=np.float32)     # touching it faults the pages in
     else:
-        buf = buffer
-        if not isinstance(buf, np.ndarray) or buf.dtype != np.float32:
-            raise TypeError("buffer must be a float32 numpy array")
-        if buf.ndim != 1 or not buf.flags.c_contiguous or buf.nbytes < 4096:
-            raise ValueError("buffer must be 1-D, C-contiguous and at least 4096 bytes")
+        buf = _check_f32_buffer(buffer)
     size = buf.nbytes
     cdef int nt = resolve_num_threads(num_threads)
     cdef const float *x = <const float *>cnp.PyArray_DATA(buf)
@@ -115,4 +172,113 @@ def read_bandwidth(nbytes=512 * 2**20, num_threads=None, repeats=5, *, buffer=No
             raise RuntimeError("read_bandwidth: checksum mismatch (is the buffer all ones?)")
         if it > 0:
             best = max(best, size / dt / 1e9)
+    return best
+
+
+cdef double c_walk_pass(const char *base, const int32_t *order, int64_t n, int64_t page_bytes, int streams,
+                        int64_t row_bytes, int num_threads) noexcept nogil:
+    """Sum of a page walk over order[0:n), split by num_threads threads into 16
+    contiguous runs each (whole groups of `streams` pages)."""
+    cdef int64_t ngroups = (n + streams - 1) // streams
+    cdef int64_t nchunks = num_threads * 16
+    cdef int64_t per = ((ngroups + nchunks - 1) // nchunks) * streams
+    cdef int64_t c, lo, hi
+    cdef double total = 0.0
+    for c in prange(nchunks, num_threads=num_threads, schedule='static'):
+        lo = c * per
+        hi = lo + per
+        if hi > n:
+            hi = n
+        if lo < hi:
+            total += pagedcy_bw_walk(base + 0, order + lo, hi - lo, page_bytes, streams, row_bytes)
+    return total
+
+
+def _walk_setup(buf, page_bytes, streams, row_bytes, seed):
+    """Validated (buffer, page size, streams, row size, random page order) of a page walk."""
+    pb = _validate.check_positive(page_bytes, "page_bytes")
+    st = _validate.check_positive(streams, "streams", 65)
+    rb = _validate.check_positive(row_bytes, "row_bytes")
+    if rb % 64:
+        raise ValueError(f"row_bytes must be a multiple of 64, got {rb}")
+    if pb % rb:
+        raise ValueError(f"page_bytes ({pb}) must be a multiple of row_bytes ({rb})")
+    npages = buf.nbytes // pb
+    if npages < 1:
+        raise ValueError(f"the buffer ({buf.nbytes} bytes) holds no whole page of {pb} bytes")
+    if npages > 2**31 - 1:
+        raise ValueError(f"too many pages ({npages}); use larger pages")
+    order = np.random.default_rng(seed).permutation(npages).astype(np.int32)
+    return pb, st, rb, order
+
+
+def _check_f32_buffer(buffer, min_bytes=4096):
+    """``buffer`` if it is a 1-D C-contiguous float32 array of at least ``min_bytes``."""
+    if not isinstance(buffer, np.ndarray) or buffer.dtype != np.float32:
+        raise TypeError("buffer must be a float32 numpy array")
+    if buffer.ndim != 1 or not buffer.flags.c_contiguous or buffer.nbytes < min_bytes:
+        raise ValueError(f"buffer must be 1-D, C-contiguous and at least {min_bytes} bytes")
+    return buffer
+
+
+def _page_walk_sum(buffer, page_bytes, streams=4, row_bytes=512, seed=0):
+    """Sum (float) of the whole pages of a 1-D float32 ``buffer`` read in
+    ``page_read_bandwidth``'s order, on one thread; for tests."""
+    buf = _check_f32_buffer(buffer, 4)
+    pb, st, rb, order = _walk_setup(buf, page_bytes, streams, row_bytes, seed)
+    cdef const int32_t[::1] o = order
+    cdef const char *base = <const char *>cnp.PyArray_DATA(buf)
+    cdef int64_t pb_c = pb, rb_c = rb
+    cdef int st_c = st
+    cdef double total
+    with nogil:
+        total = c_walk_pass(base, &o[0], o.shape[0], pb_c, st_c, rb_c, 1)
+    return total
+
+
+def page_read_bandwidth(page_bytes=128 * 1024, nbytes=512 * 2**20, num_threads=None, repeats=5, *,
+                        streams=4, row_bytes=512, seed=0, buffer=None):
+    """Best read rate in GB/s of a paged-KV-style walk over ``repeats`` passes.
+
+    The buffer (``nbytes``, or ``buffer``: a 1-D float32 array of ones) is cut
+    into whole pages of ``page_bytes``, visited in a random order (``seed``),
+    ``streams`` pages at a time: row ``r`` (``row_bytes``) of each page of the
+    group in turn, rows front to back, summed with no other work. That is the
+    order of a multi-page decode step over head-major pages (128 KiB: one
+    layer of a 16-token page with 8 KV heads of 128 float32), so the rate is
+    what one such walk can draw from memory with the hardware prefetchers
+    alone: the ceiling the kernel's "% of bw" is up against on CPUs whose
+    prefetchers lose ground at every page. Threads take contiguous runs of the
+    order; an untimed pass comes first. Raises TypeError / ValueError as
+    ``read_bandwidth`` does, and ValueError for a ``row_bytes`` that is not a
+    multiple of 64 or does not divide ``page_bytes``, ``streams`` outside
+    [1, 64], or no whole page in the buffer.
+    """
+    reps = _validate.check_positive(repeats, "repeats")
+    if buffer is None:
+        size = _validate.check_count(nbytes, "nbytes")
+        if size < 4096:
+            raise ValueError(f"nbytes must be >= 4096, got {size}")
+        buf = np.ones(size // 4, dtype=np.float32)
+    else:
+        buf = _check_f32_buffer(buffer)
+    pb, st, rb, order = _walk_setup(buf, page_bytes, streams, row_bytes, seed)
+    cdef int nt = resolve_num_threads(num_threads)
+    cdef const int32_t[::1] o = order
+    cdef const char *base = <const char *>cnp.PyArray_DATA(buf)
+    cdef int64_t n = o.shape[0]
+    cdef int64_t pb_c = pb, rb_c = rb
+    cdef int st_c = st
+    cdef double total
+    nread = n * pb
+    best = 0.0
+    for it in range(reps + 1):
+        t0 = time.perf_counter()
+        with nogil:
+            total = c_walk_pass(base, &o[0], n, pb_c, st_c, rb_c, nt)
+        dt = time.perf_counter() - t0
+        if total != <double>(nread // 4):
+            raise RuntimeError("page_read_bandwidth: checksum mismatch (is the buffer all ones?)")
+        if it > 0:
+            best = max(best, nread / dt / 1e9)
     return best

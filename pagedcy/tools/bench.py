@@ -21,7 +21,7 @@ import numpy as np
 from pagedcy._libs._attention import (_batch_paged_attention_tuned, batch_paged_attention,
                                       simd_level)
 from pagedcy._libs._threads import simd_path
-from pagedcy._libs._bandwidth import read_bandwidth
+from pagedcy._libs._bandwidth import page_read_bandwidth, read_bandwidth
 from pagedcy.tools.info import cpu_description, huge_pages
 from pagedcy.tools._progress import Progress
 from pagedcy._libs._pool import aligned_zeros
@@ -216,12 +216,13 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_sim
     return row
 
 
-def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=None):
+def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=None, walk=None):
     """Run every row's case once per round, round after round (at least `repeats`
     rounds and `min_seconds`), and keep each case's best time: a noisy
     neighbour then hits all cases alike instead of whichever ran during it.
     With `bw` ({threads: GB/s}), each round also measures the read bandwidth
-    and `bw` keeps the best, so the yardstick gets the same treatment.
+    and `bw` keeps the best, so the yardstick gets the same treatment; `walk`
+    likewise for ``page_read_bandwidth`` over the same buffer.
     `progress` (a Progress over `min_seconds`) follows the elapsed time."""
     start = time.perf_counter()
     t_end = start + min_seconds
@@ -237,19 +238,25 @@ def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=
             r["times"].append(time.perf_counter() - t0)
         for k in (bw or {}):
             bw[k] = max(bw[k], read_bandwidth(num_threads=k, repeats=1, buffer=bw_buf))
+        for k in (walk or {}):
+            walk[k] = max(walk[k], page_read_bandwidth(num_threads=k, repeats=1, buffer=bw_buf))
     return rounds
 
 
-def finish_row(row, bw):
+def finish_row(row, bw, walk=None):
     """Fill a benchmark row's derived columns in place from its best time: ``ms``, ``rate``
-    and ``unit`` (GB/s of page bytes read for decode, GFLOP/s for prefill) and ``pct_bw``
-    (decode rate as a percentage of ``bw[threads]``, the measured read bandwidth in GB/s)."""
+    and ``unit`` (GB/s of page bytes read for decode, GFLOP/s for prefill), ``pct_bw``
+    (decode rate as a percentage of ``bw[threads]``, the measured read bandwidth in GB/s)
+    and ``pct_walk`` (the same of ``walk[threads]``, the page-walk read rate, when given)."""
     t = min(row["times"]) / row["reps"]
     row["ms"] = t * 1e3
+    row["pct_walk"] = None
     if row["kind"] == "decode":
         row["rate"] = row["nbytes"] / t / 1e9
         row["unit"] = "GB/s"
         row["pct_bw"] = 100.0 * row["rate"] / bw[row["threads"]]
+        if walk and row["threads"] in walk:
+            row["pct_walk"] = 100.0 * row["rate"] / walk[row["threads"]]
     else:
         row["rate"] = row["flops"] / t / 1e9
         row["unit"] = "GFLOP/s"
@@ -304,24 +311,37 @@ def paired_ratio(fn_a, fn_b, repeats):
     return min(ta) / min(tb)
 
 
-def format_table(rows, bw, bw_start=None):
+def _per_thread(rates):
+    return ", ".join(f"{k} thread{'s' if k > 1 else ''} {v:.1f} GB/s" for k, v in sorted(rates.items()))
+
+
+def format_table(rows, bw, bw_start=None, walk=None):
     """The result table as text: one line per finished row (time, rate, % of read bandwidth,
-    speed-up over NumPy and torch), then the read bandwidth per thread count (``bw``, GB/s)
-    and, when given, the bandwidth measured at the start (``bw_start``)."""
-    head = f"{'case':<34}{'thr':>4}{'time ms':>10}{'rate':>16}{'% of bw':>9}{'x numpy':>9}{'x torch':>9}"
+    % of the page-walk read rate, speed-up over NumPy and torch), then the read bandwidth per
+    thread count (``bw``, GB/s), when given the bandwidth measured at the start (``bw_start``)
+    and the page-walk read rate (``walk``, GB/s)."""
+    head = (f"{'case':<34}{'thr':>4}{'time ms':>10}{'rate':>16}{'% of bw':>9}{'% walk':>8}"
+            f"{'x numpy':>9}{'x torch':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         rate = f"{r['rate']:.1f} {r['unit']}"
         pct = f"{r['pct_bw']:.0f}%" if r["pct_bw"] is not None else "-"
+        pw = f"{r['pct_walk']:.0f}%" if r.get("pct_walk") is not None else "-"
         xn = f"{r['numpy']:.1f}x" if r["numpy"] is not None else "-"
         xt = f"{r['torch']:.1f}x" if r["torch"] is not None else ("n/a" if r.get("ran_baselines") else "-")
-        lines.append(f"{r['case']:<34}{r['threads']:>4}{r['ms']:>10.2f}{rate:>16}{pct:>9}{xn:>9}{xt:>9}")
+        lines.append(f"{r['case']:<34}{r['threads']:>4}{r['ms']:>10.2f}{rate:>16}{pct:>9}{pw:>8}{xn:>9}{xt:>9}")
     lines.append("")
     lines.append("read bandwidth (read_bandwidth, same run, best of the start and every round): "
-                 + ", ".join(f"{k} thread{'s' if k > 1 else ''} {v:.1f} GB/s" for k, v in sorted(bw.items())))
+                 + _per_thread(bw))
     if bw_start is not None:
         lines.append("  (at the start: "
                      + ", ".join(f"{k} thr {v:.1f} GB/s" for k, v in sorted(bw_start.items())) + ")")
+    if walk:
+        lines.append("page-walk read rate (page_read_bandwidth: the same buffer as 128 KiB pages in random "
+                     "order, 4 at a time, row by row, no compute; the ceiling of a decode walk): "
+                     + _per_thread(walk) + " = "
+                     + ", ".join(f"{100 * v / bw[k]:.0f}%" for k, v in sorted(walk.items()) if k in bw)
+                     + " of the read bandwidth")
     return "\n".join(lines)
 
 
@@ -407,6 +427,7 @@ def main(argv=None):
         bw = {nt: read_bandwidth(num_threads=nt, repeats=rep, buffer=bw_buf)}
         if nt != 1:
             bw[1] = read_bandwidth(num_threads=1, repeats=rep, buffer=bw_buf)
+        walk = {k: page_read_bandwidth(num_threads=k, repeats=1, buffer=bw_buf) for k in bw}
         progress.update()
         seeds = {}
         rows = []
@@ -418,10 +439,10 @@ def main(argv=None):
             progress.update()
     bw_start = dict(bw)
     with Progress(secs, "timing", unit="s") as progress:
-        rounds = time_interleaved(rows, rep, secs, bw, bw_buf, progress)
+        rounds = time_interleaved(rows, rep, secs, bw, bw_buf, progress, walk)
     del bw_buf
     for row in rows:
-        finish_row(row, bw)
+        finish_row(row, bw, walk)
         del row["run"]
     if base:
         with Progress(len(rows), "baselines", unit="case") as progress:
@@ -436,7 +457,7 @@ def main(argv=None):
     if base:
         print(f"NumPy BLAS (the baseline's matmuls, limited to each row's threads): "
               f"{blas_description()}")
-    print(format_table(rows, bw, bw_start))
+    print(format_table(rows, bw, bw_start, walk))
     by = {(r["case"], r["threads"]): r for r in rows}
     d32, f16 = by.get((f"{dec} fp32", nt)), by.get((f"{dec} fp16", nt))
     if d32 and f16:
