@@ -41,6 +41,17 @@
  * the same prefetch reaches; front-loading the next page's prefetch into
  * the first head's kernels (0.70x) or prefetching every other line (0.56x)
  * was slower, two pages ahead no faster (0.97-1.0x).
+ *
+ * Multi-page steps (pa_qk4v_z / pa_pv4v_z), 32 x 2048 fp32 from DRAM, one
+ * thread, AMD EPYC: P.V over whole V rows in one pass (4 x 8 accumulators,
+ * GCC spills a few) 1.04-1.06x from DRAM but 0.93x from cache; in head
+ * pairs, or in blocks of 1-4 tokens per page with the accumulators going
+ * back to O, 0.93-1.06x; 8 pages per step no faster; prefetching only some
+ * pages, only K or only V 0.75-0.89x; all of a head's prefetches during its
+ * scores 0.85x. Without software prefetch the hardware prefetchers carry
+ * the four row streams at 17-21 GB/s against ~24 with it, although the bare
+ * walk (page_read_bandwidth) reaches ~30 on its own; with it the prefetch
+ * instructions cost a quarter of the cached rate (42 -> 31 GB/s).
  */
 #ifndef PAGEDCY_ATTN_AVX512_H
 #define PAGEDCY_ATTN_AVX512_H
