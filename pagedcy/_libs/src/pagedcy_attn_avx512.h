@@ -51,7 +51,13 @@
  * scores 0.85x. Without software prefetch the hardware prefetchers carry
  * the four row streams at 17-21 GB/s against ~24 with it, although the bare
  * walk (page_read_bandwidth) reaches ~30 on its own; with it the prefetch
- * instructions cost a quarter of the cached rate (42 -> 31 GB/s).
+ * instructions cost a quarter of the cached rate (42 -> 31 GB/s). On the
+ * hardware prefetchers alone (whole-row P.V, walk 29.2 GB/s) the kernel read
+ * 20.5 GB/s; without the softmax 21.0, with loads-only scores 22.1, loads-
+ * only P.V 22.9, loads only throughout 26.5: the prefetchers run too little
+ * ahead to hide the arithmetic, and software prefetch that does is bounded
+ * by the core's outstanding L1 misses (~23 GB/s). Prefetching every other
+ * line (relying on an adjacent-line fetch) ran at 0.64x.
  */
 #ifndef PAGEDCY_ATTN_AVX512_H
 #define PAGEDCY_ATTN_AVX512_H
