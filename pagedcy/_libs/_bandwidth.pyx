@@ -119,10 +119,13 @@ cdef extern from *:
                           int streams, long long row_bytes) noexcept nogil
 
 
-cdef double c_read_pass(const float *x, int64_t n, int num_threads) noexcept nogil:
-    """Sum of x[0:n], read by num_threads threads in contiguous chunks (16 per thread)."""
+cdef double c_pass(const char *base, const int32_t *order, int64_t n, int64_t granule, int64_t page_bytes,
+                   int streams, int64_t row_bytes, int num_threads) noexcept nogil:
+    """Sum of one pass, split by num_threads threads into 16 contiguous runs each
+    (whole multiples of `granule` items): the n floats at base when order is NULL
+    (read_bandwidth), else the page walk over order[0:n) (page_read_bandwidth)."""
     cdef int64_t nchunks = num_threads * 16
-    cdef int64_t per = (n + nchunks - 1) // nchunks
+    cdef int64_t per = ((n + granule - 1) // granule + nchunks - 1) // nchunks * granule
     cdef int64_t c, lo, hi
     cdef double total = 0.0
     for c in prange(nchunks, num_threads=num_threads, schedule='static'):
@@ -131,8 +134,47 @@ cdef double c_read_pass(const float *x, int64_t n, int num_threads) noexcept nog
         if hi > n:
             hi = n
         if lo < hi:
-            total += pagedcy_bw_sum(x + lo, hi - lo)
+            if order == NULL:
+                total += pagedcy_bw_sum(<const float *>base + lo, hi - lo)
+            else:
+                total += pagedcy_bw_walk(base, order + lo, hi - lo, page_bytes, streams, row_bytes)
     return total
+
+
+def _ones_buffer(nbytes, buffer):
+    """The float32 buffer of ones a yardstick reads: ``buffer`` checked, or ``nbytes`` new."""
+    if buffer is not None:
+        return _check_f32_buffer(buffer)
+    size = _validate.check_count(nbytes, "nbytes")
+    if size < 4096:
+        raise ValueError(f"nbytes must be >= 4096, got {size}")
+    return np.ones(size // 4, dtype=np.float32)     # touching it faults the pages in
+
+
+def _best_rate(name, buf, int reps, num_threads, order=None, int64_t page_bytes=0, int streams=1,
+               int64_t row_bytes=0):
+    """Best GB/s over ``reps`` (validated) timed passes after an untimed one; every
+    pass's sum must equal the number of floats read (a buffer of ones), which also
+    keeps the compiler from dropping the loads."""
+    cdef int nt = resolve_num_threads(num_threads)
+    cdef const char *base = <const char *>cnp.PyArray_DATA(buf)
+    cdef const int32_t[::1] o = order
+    cdef const int32_t *op = &o[0] if order is not None else NULL
+    cdef int64_t n = o.shape[0] if order is not None else buf.shape[0]
+    cdef int64_t granule = streams if order is not None else 1
+    cdef double total
+    nread = n * page_bytes if order is not None else buf.nbytes
+    best = 0.0
+    for it in range(reps + 1):
+        t0 = time.perf_counter()
+        with nogil:
+            total = c_pass(base, op, n, granule, page_bytes, streams, row_bytes, nt)
+        dt = time.perf_counter() - t0
+        if total != <double>(nread // 4):
+            raise RuntimeError(f"{name}: checksum mismatch (is the buffer all ones?)")
+        if it > 0:
+            best = max(best, nread / dt / 1e9)
+    return best
 
 
 def read_bandwidth(nbytes=512 * 2**20, num_threads=None, repeats=5, *, buffer=None):
@@ -150,52 +192,12 @@ def read_bandwidth(nbytes=512 * 2**20, num_threads=None, repeats=5, *, buffer=No
     a buffer of the wrong shape.
     """
     reps = _validate.check_positive(repeats, "repeats")
-    if buffer is None:
-        size = _validate.check_count(nbytes, "nbytes")
-        if size < 4096:
-            raise ValueError(f"nbytes must be >= 4096, got {size}")
-        buf = np.ones(size // 4, dtype=np.float32)     # touching it faults the pages in
-    else:
-        buf = _check_f32_buffer(buffer)
-    size = buf.nbytes
-    cdef int nt = resolve_num_threads(num_threads)
-    cdef const float *x = <const float *>cnp.PyArray_DATA(buf)
-    cdef int64_t n = buf.shape[0]
-    cdef double total
-    best = 0.0
-    for it in range(reps + 1):
-        t0 = time.perf_counter()
-        with nogil:
-            total = c_read_pass(x, n, nt)
-        dt = time.perf_counter() - t0
-        if total != <double>n:       # uses the result, and checks the loop read everything
-            raise RuntimeError("read_bandwidth: checksum mismatch (is the buffer all ones?)")
-        if it > 0:
-            best = max(best, size / dt / 1e9)
-    return best
-
-
-cdef double c_walk_pass(const char *base, const int32_t *order, int64_t n, int64_t page_bytes, int streams,
-                        int64_t row_bytes, int num_threads) noexcept nogil:
-    """Sum of a page walk over order[0:n), split by num_threads threads into 16
-    contiguous runs each (whole groups of `streams` pages)."""
-    cdef int64_t ngroups = (n + streams - 1) // streams
-    cdef int64_t nchunks = num_threads * 16
-    cdef int64_t per = ((ngroups + nchunks - 1) // nchunks) * streams
-    cdef int64_t c, lo, hi
-    cdef double total = 0.0
-    for c in prange(nchunks, num_threads=num_threads, schedule='static'):
-        lo = c * per
-        hi = lo + per
-        if hi > n:
-            hi = n
-        if lo < hi:
-            total += pagedcy_bw_walk(base + 0, order + lo, hi - lo, page_bytes, streams, row_bytes)
-    return total
+    return _best_rate("read_bandwidth", _ones_buffer(nbytes, buffer), reps, num_threads)
 
 
 def _walk_setup(buf, page_bytes, streams, row_bytes, seed):
-    """Validated (buffer, page size, streams, row size, random page order) of a page walk."""
+    """Validated (page size, streams, row size) of a page walk over ``buf`` and its
+    random page order (int32, one entry per whole page)."""
     pb = _validate.check_positive(page_bytes, "page_bytes")
     st = _validate.check_positive(streams, "streams", 65)
     rb = _validate.check_positive(row_bytes, "row_bytes")
@@ -230,9 +232,8 @@ def _page_walk_sum(buffer, page_bytes, streams=4, row_bytes=512, seed=0):
     cdef const char *base = <const char *>cnp.PyArray_DATA(buf)
     cdef int64_t pb_c = pb, rb_c = rb
     cdef int st_c = st
-    cdef double total
     with nogil:
-        total = c_walk_pass(base, &o[0], o.shape[0], pb_c, st_c, rb_c, 1)
+        total = c_pass(base, &o[0], o.shape[0], st_c, pb_c, st_c, rb_c, 1)
     return total
 
 
@@ -255,30 +256,6 @@ def page_read_bandwidth(page_bytes=128 * 1024, nbytes=512 * 2**20, num_threads=N
     [1, 64], or no whole page in the buffer.
     """
     reps = _validate.check_positive(repeats, "repeats")
-    if buffer is None:
-        size = _validate.check_count(nbytes, "nbytes")
-        if size < 4096:
-            raise ValueError(f"nbytes must be >= 4096, got {size}")
-        buf = np.ones(size // 4, dtype=np.float32)
-    else:
-        buf = _check_f32_buffer(buffer)
+    buf = _ones_buffer(nbytes, buffer)
     pb, st, rb, order = _walk_setup(buf, page_bytes, streams, row_bytes, seed)
-    cdef int nt = resolve_num_threads(num_threads)
-    cdef const int32_t[::1] o = order
-    cdef const char *base = <const char *>cnp.PyArray_DATA(buf)
-    cdef int64_t n = o.shape[0]
-    cdef int64_t pb_c = pb, rb_c = rb
-    cdef int st_c = st
-    cdef double total
-    nread = n * pb
-    best = 0.0
-    for it in range(reps + 1):
-        t0 = time.perf_counter()
-        with nogil:
-            total = c_walk_pass(base, &o[0], n, pb_c, st_c, rb_c, nt)
-        dt = time.perf_counter() - t0
-        if total != <double>(nread // 4):
-            raise RuntimeError("page_read_bandwidth: checksum mismatch (is the buffer all ones?)")
-        if it > 0:
-            best = max(best, nread / dt / 1e9)
-    return best
+    return _best_rate("page_read_bandwidth", buf, reps, num_threads, order, pb, st, rb)
