@@ -167,9 +167,10 @@ def test_weight_bytes_and_cache_config(pair):
         (10, 8, 2, 2, model.config.head_dim, "float16")
 
 
-@pytest.mark.parametrize("kv_dtype", ["float16", "bfloat16"])
-def test_half_kv_cache_close(pair, kv_dtype):
-    """K/V stored in 16 bits: logits stay close to the float32 cache's."""
+@pytest.mark.parametrize("kv_dtype, rtol", [("float16", 3e-2), ("bfloat16", 3e-2), ("int8", 3e-2)])
+def test_compact_kv_cache_close(pair, kv_dtype, rtol):
+    """K/V stored in 16 bits or int8 (rows of head_dim + 4 with their scale): logits stay
+    close to the float32 cache's."""
     model, _ = pair
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, 101, 10), rng.integers(0, 101, 5)]
@@ -178,7 +179,7 @@ def test_half_kv_cache_close(pair, kv_dtype):
     for dt in ("float32", kv_dtype):
         alloc = SlotAllocator(model, max_pages=16, page_size=4, seed=1, dtype=dt)
         out.append(model.forward(alloc.store.pages(), ids, alloc.step([0, 1], [10, 5])).copy())
-    assert_close(out[1], out[0], rtol=3e-2)
+    assert_close(out[1], out[0], rtol=rtol)     # measured: 4e-4, 3e-3, 1.2e-2
 
 
 def test_rope_inverse_frequencies_match(pair):

@@ -489,3 +489,15 @@ def test_infinite_logprobs_are_sent_as_json_numbers():
                        json={"prompt": "x", "max_tokens": 2, "logprobs": 2})
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["logprobs"]["token_logprobs"] == [-9999.0, -9999.0]
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16", "bfloat16", "int8"])
+def test_engine_options_take_every_kv_dtype(kv_dtype):
+    import argparse
+
+    from pagedcy.server.launch import add_engine_arguments, engine_kwargs
+    p = argparse.ArgumentParser()
+    add_engine_arguments(p)
+    assert engine_kwargs(p.parse_args(["--kv-dtype", kv_dtype]))["kv_dtype"] == kv_dtype
+    with pytest.raises(SystemExit):
+        p.parse_args(["--kv-dtype", "int4"])

@@ -12,7 +12,8 @@ __all__ = ["PagesAdapter"]
 
 class PagesAdapter:
     """Wraps a ``pages()`` array (``[max_pages, num_layers, 2, page_size, num_kv_heads,
-    head_dim]`` float32/float16/bfloat16: a store's head-major view, or a C-order array) in a
+    head_dim]`` float32/float16/bfloat16, or ``head_dim + 4`` int8 with each row's scale: a
+    store's head-major view, or a C-order array) in a
     :class:`KVPageStore` sharing its memory, rebuilt only when a different array comes in."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int):
@@ -31,9 +32,15 @@ class PagesAdapter:
             return self._store
         L, two, hk, d = self.geometry
         s = kv_pages.shape
-        if kv_pages.ndim != 6 or (s[1], s[2], s[4], s[5]) != (L, two, hk, d):
-            raise ValueError(f"kv_pages must have shape [max_pages, {L}, 2, page_size, {hk}, {d}] "
-                             f"for this model, got {list(s)}")
+        dt = "bfloat16" if kv_pages.dtype == np.uint16 else kv_pages.dtype.name
+        try:
+            dt = _dtypes.normalize_dtype(dt)
+        except (TypeError, ValueError):
+            raise TypeError(f"kv_pages dtype {kv_pages.dtype} is not a KV storage dtype") from None
+        row = _dtypes.head_row_elems(dt, d)        # int8 rows carry their scale
+        if kv_pages.ndim != 6 or (s[1], s[2], s[4], s[5]) != (L, two, hk, row):
+            raise ValueError(f"kv_pages must have shape [max_pages, {L}, 2, page_size, {hk}, {row}] "
+                             f"for this model and {dt} K/V, got {list(s)}")
         if not kv_pages.flags.writeable:
             raise ValueError("kv_pages must be writable")
         head_major = kv_pages.transpose(0, 1, 4, 2, 3, 5)
@@ -43,11 +50,6 @@ class PagesAdapter:
             buffer, layout = head_major, "HND"
         else:
             raise ValueError("kv_pages must be a store's pages() view or a C-contiguous array")
-        dt = "bfloat16" if kv_pages.dtype == np.uint16 else kv_pages.dtype.name
-        try:
-            dt = _dtypes.normalize_dtype(dt)
-        except (TypeError, ValueError):
-            raise TypeError(f"kv_pages dtype {kv_pages.dtype} is not a KV storage dtype") from None
         cfg = PagedKVCacheConfig(page_size=s[3], max_pages=s[0], num_layers=L, num_kv_heads=hk,
                                  head_dim=d, dtype=dt)
         store = KVPageStore(cfg, buffer=buffer, layout=layout)

@@ -24,7 +24,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """The ``LLMEngine`` options (shared by ``serve`` and ``bench --serve``)."""
     p.add_argument("--kv-cache-pages", type=int, default=None, help="KV pages in the pool")
     p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--kv-dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--kv-dtype", default="float32", choices=["float32", "float16", "bfloat16", "int8"])
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
