@@ -7,7 +7,7 @@ hashed, in no table) or owned with refcount == number of handles whose table hol
 swap pages add up; and every resident sequence reads back exactly what was written.
 """
 import numpy as np
-from hypothesis import settings, strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from pagedcy import PagedKVCacheConfig, PoolExhaustedError
@@ -287,6 +287,8 @@ class ManagerMachine(RuleBasedStateMachine):
         assert self.m.pool.free_count() == PAGES and self.m.swap_free_blocks() == SWAP
 
 
+# too_slow measures data generation, which a loaded host slows (it failed twice right
+# after a benchmark, with no falsifying example); the other checks stay on
 ManagerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30,
-                                            deadline=None)
+                                            deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TestManagerMachine = ManagerMachine.TestCase
