@@ -21,7 +21,7 @@ LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``LLMEngine`` options (shared by ``serve`` and ``bench --serve``)."""
+    """The ``LLMEngine`` options of ``serve`` (``bench --serve`` has its own few)."""
     p.add_argument("--kv-cache-pages", type=int, default=None, help="KV pages in the pool")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--kv-dtype", default="float32", choices=["float32", "float16", "bfloat16", "int8"])
