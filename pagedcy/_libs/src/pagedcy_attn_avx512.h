@@ -168,6 +168,24 @@ PA_AVX512_INLINE void pa_qk4_z(const float *q, int D, const void *K, int64_t ks,
     if (pf) pa_pf_step(pf, pa_pf_lines_left(pf), flags);
 }
 
+/* P.V runs over the head dimension in column passes of 64, then 32, then 16
+ * floats (4, 2, 1 vectors: 16 accumulators at most). pa_pv_passes_z counts
+ * them; PA_PV_COLUMN_PASSES_Z runs BODY once per pass with d its first column
+ * and NC its width in vectors, a literal in each branch so the pass kernels
+ * keep their accumulators in registers. */
+static inline int pa_pv_passes_z(int D) {
+    return D / 64 + (D % 64 >= 32) + (D % 32 >= 16);
+}
+#define PA_PV_COLUMN_PASSES_Z(D, d, NC, BODY) do {                              \
+        for (int d = 0; d < (D); ) {                                             \
+            const int pa_nc_ = (D) - d >= 64 ? 4 : (D) - d >= 32 ? 2 : 1;        \
+            if (pa_nc_ == 4) { const int NC = 4; BODY; }                         \
+            else if (pa_nc_ == 2) { const int NC = 2; BODY; }                    \
+            else { const int NC = 1; BODY; }                                     \
+            d += 16 * pa_nc_;                                                    \
+        }                                                                        \
+    } while (0)
+
 /* The 4 x NC accumulators of a P.V pass: O's columns [d0, d0 + 16*NC)
  * scaled by alpha, and back. */
 PA_AVX512_INLINE void pa_pv4_acc_load_z(__m512 c[4][4], const float *O, int D, int d0, const float *alpha,
@@ -255,30 +273,18 @@ PA_AVX512_INLINE void pa_pv4v_pass_z(float *O, int D, int d0, const float *alpha
 
 PA_AVX512_INLINE void pa_pv4v_z(float *O, int D, const float *alpha, const float *P, const char *const *V,
                                 int npg, int T, int64_t vs, pa_pfcur *pf, int flags, int dtype) {
-    const int passes = D / 64 + (D % 64 >= 32) + (D % 32 >= 16);
+    const int passes = pa_pv_passes_z(D);
     int per_t[PA_SUPER_PAGES];
     for (int j = 0; pf && j < npg; j++) per_t[j] = (pa_pf_lines_left(pf + j) + passes * T - 1) / (passes * T);
-    for (int d = 0; d < D; ) {
-        const int nc = D - d >= 64 ? 4 : D - d >= 32 ? 2 : 1;
-        if (nc == 4) pa_pv4v_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_t, flags, 4, dtype);
-        else if (nc == 2) pa_pv4v_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_t, flags, 2, dtype);
-        else pa_pv4v_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_t, flags, 1, dtype);
-        d += 16 * nc;
-    }
+    PA_PV_COLUMN_PASSES_Z(D, d, NC, pa_pv4v_pass_z(O, D, d, alpha, P, V, npg, T, vs, pf, per_t, flags, NC, dtype));
     for (int j = 0; pf && j < npg; j++) pa_pf_step(pf + j, pa_pf_lines_left(pf + j), flags);
 }
 
 PA_AVX512_INLINE void pa_pv4_z(float *O, int D, const float *alpha, const float *P, const void *V,
                                int64_t vs, int tlo, int thi, pa_pfcur *pf, int flags, int dtype) {
-    const int steps = (D / 64 + (D % 64 >= 32) + (D % 32 >= 16)) * (thi - tlo);
+    const int steps = pa_pv_passes_z(D) * (thi - tlo);
     const int per_step = pf && steps > 0 ? (pa_pf_lines_left(pf) + steps - 1) / steps : 0;
-    for (int d = 0; d < D; ) {
-        const int nc = D - d >= 64 ? 4 : D - d >= 32 ? 2 : 1;
-        if (nc == 4) pa_pv4_pass_z(O, D, d, alpha, P, V, vs, tlo, thi, pf, per_step, flags, 4, dtype);
-        else if (nc == 2) pa_pv4_pass_z(O, D, d, alpha, P, V, vs, tlo, thi, pf, per_step, flags, 2, dtype);
-        else pa_pv4_pass_z(O, D, d, alpha, P, V, vs, tlo, thi, pf, per_step, flags, 1, dtype);
-        d += 16 * nc;
-    }
+    PA_PV_COLUMN_PASSES_Z(D, d, NC, pa_pv4_pass_z(O, D, d, alpha, P, V, vs, tlo, thi, pf, per_step, flags, NC, dtype));
     if (pf) pa_pf_step(pf, pa_pf_lines_left(pf), flags);
 }
 
