@@ -190,6 +190,18 @@ def test_n_completions_fork_the_prompt_pages():
     assert_no_leak(eng2)
 
 
+def test_greedy_n_completions_beside_a_partial_prefill():
+    # The greedy n=2 request finishes its prompt and forks in the step where another
+    # prompt only gets a chunk: rows [0, 0] are as many as the batch, yet not 0..B-1.
+    model = ToyModel()
+    prompt, long_prompt = random_prompts(12, 1, 5, 6)[0], random_prompts(13, 1, 30, 31)[0]
+    want = model.reference_greedy(prompt, 5)
+    for other in (GREEDY, sampled(1)):
+        out = run(make(model, max_num_batched_tokens=9),
+                  [("g", prompt, SamplingParams(n=2, temperature=0, max_tokens=5)), ("x", long_prompt, other)])
+        assert [o.token_ids for o in out["g"].outputs] == [want] * 2
+
+
 def test_stop_token_ids_eos_and_ignore_eos():
     prompt = random_prompts(9, 1)[0]
     ref = ToyModel().reference_greedy(prompt, 12)

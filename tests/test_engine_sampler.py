@@ -98,6 +98,8 @@ def test_greedy_and_logprobs():
     logits = np.random.default_rng(7).standard_normal((5, 50)).astype(np.float32)
     assert sampler.greedy(logits, [0, 1, 2, 3, 4]).tolist() == logits.argmax(1).tolist()
     assert sampler.greedy(logits, [3, 1]).tolist() == logits[[3, 1]].argmax(1).tolist()
+    for rows in ([1, 1, 2, 3, 4], [4, 3, 2, 1, 0], [0, 0, 0, 0, 0]):   # as many rows as B
+        assert sampler.greedy(logits, rows).tolist() == logits[rows].argmax(1).tolist()
     row = logits[2]
     ref = np.log(softmax(row))
     chosen, entry = sampler.token_logprobs(row, 7, 4)

@@ -13,7 +13,10 @@ __all__ = ["greedy", "sample_row", "log_softmax", "token_logprobs"]
 def greedy(logits, rows):
     """Argmax token of each of ``rows`` (int array) of ``logits`` float32 ``[B, vocab]``;
     returns int64 ``[len(rows)]``."""
-    if len(rows) == logits.shape[0]:
+    rows = np.asarray(rows, dtype=np.intp)
+    # Forked siblings share their parent's row, so a full-length ``rows`` need not be
+    # 0..B-1: only then may the whole batch be reduced without a gather.
+    if rows.shape[0] == logits.shape[0] and np.array_equal(rows, np.arange(rows.shape[0])):
         return logits.argmax(axis=1)
     return logits[rows].argmax(axis=1)
 
