@@ -416,6 +416,28 @@ def test_half_cache_dst_rules():
             cache.gather_k(0, np.empty((3, 8), bad))
 
 
+def test_int8_cache_gather():
+    # Stored int8 rows are row_elems wide (each head's values, then its scale): a default
+    # gather dequantizes, an int8 dst takes the stored rows, a kv_dim-wide int8 dst is refused.
+    from pagedcy.dtypes import dequantize_int8, quantize_int8
+    cfg = PagedKVCacheConfig(**GOOD, dtype="int8")
+    cache = PagedKVCache(cfg)
+    k = np.random.default_rng(0).standard_normal((2, 7, 8)).astype(np.float32)
+    cache.append_tokens(k, -k)
+    want = quantize_int8(k[1].reshape(7, 2, 4))
+    got = cache.gather_k(1)
+    assert got.dtype == np.float32 and got.shape == (7, 8)
+    assert np.array_equal(got, dequantize_int8(want).reshape(7, 8))
+    raw = cache.gather_k(1, np.empty((7, 2 * 8), np.int8))
+    assert np.array_equal(raw.reshape(7, 2, 8), want)
+    assert np.array_equal(cache.gather_v(0, np.empty(7 * 8, np.float32)),
+                          dequantize_int8(quantize_int8(-k[0].reshape(7, 2, 4))).reshape(-1))
+    for shape in ((7, 8), (7 * 8,), (7, 17)):
+        with pytest.raises(ValueError):
+            cache.gather_k(0, np.empty(shape, np.int8))
+    assert np.array_equal(cache.gather_k(1), got)
+
+
 def test_advance_without_any_token_is_value_error():
     cache = PagedKVCache(PagedKVCacheConfig(**GOOD))
     with pytest.raises(ValueError):

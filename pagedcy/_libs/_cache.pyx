@@ -234,7 +234,7 @@ cdef class PagedKVCache:
 
     def _gather(self, layer, int which, dst):
         cdef Py_ssize_t L = index_arg(layer, self.store.num_layers, "layer")
-        cdef Py_ssize_t n, kvd = self.store.kv_dim
+        cdef Py_ssize_t n, kvd = self.store.kv_dim, width
         cdef char *out
         cdef bint f32
         acquire(self.lock)
@@ -242,14 +242,17 @@ cdef class PagedKVCache:
             n = self.table.c_seq_len()
             dt = self.pool.dtype
             if dst is None:
-                dst = np.empty((n, kvd), dtype=dt)
+                # int8 rows without their scales mean nothing: hand back the values
+                dst = np.empty((n, kvd), dtype=np.float32 if dt == np.int8 else dt)
             else:
                 if not isinstance(dst, np.ndarray):
                     raise TypeError(f"dst must be a numpy.ndarray, got {type(dst).__name__}")
                 if dst.dtype != dt and dst.dtype != np.float32:
                     raise TypeError(f"dst must have dtype {dt} (or float32), got {dst.dtype}")
-                if dst.shape not in ((n * kvd,), (n, kvd)):
-                    raise ValueError(f"dst has shape {dst.shape}, expected ({n * kvd},) or ({n}, {kvd})")
+                # stored int8 rows carry their scales: row_elems, not kv_dim, per token
+                width = kvd if dst.dtype == np.float32 else self.store.row_elems
+                if dst.shape not in ((n * width,), (n, width)):
+                    raise ValueError(f"dst has shape {dst.shape}, expected ({n * width},) or ({n}, {width})")
                 if not dst.flags.c_contiguous or not dst.flags.writeable:
                     raise ValueError("dst must be C-contiguous and writable")
             f32 = dst.dtype == np.float32 and dt != np.float32
@@ -267,7 +270,9 @@ cdef class PagedKVCache:
         """K of ``layer`` for the held tokens, oldest first.
 
         Fills ``dst`` (``[seq_len * kv_dim]`` or ``[seq_len, kv_dim]``, C-contiguous, storage
-        dtype or float32) and returns it, or returns a new ``[seq_len, kv_dim]`` array."""
+        dtype or float32) and returns it, or returns a new ``[seq_len, kv_dim]`` array (float32,
+        dequantized, for an int8 cache, whose stored rows, ``[seq_len, row_elems]`` int8 with
+        each head's scale, an int8 ``dst`` receives)."""
         return self._gather(layer, 0, dst)
 
     def gather_v(self, layer, dst=None):
