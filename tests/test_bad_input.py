@@ -438,6 +438,36 @@ def test_int8_cache_gather():
     assert np.array_equal(cache.gather_k(1), got)
 
 
+def test_byte_swapped_arrays_are_converted_or_refused():
+    # A '>f4' / '>i4' array has the type number of float32 / int32: the C fast paths
+    # must not read its bytes as native values.
+    from pagedcy import KVPageStore
+    from pagedcy._libs import _gemm, _layers, _manager_ops
+    cfg = PagedKVCacheConfig(**GOOD)
+    k = np.arange(1, 17, dtype=np.float32).reshape(2, 8)
+    kb = k.astype(">f4")
+    cache = PagedKVCache(cfg)
+    cache.append_kv_layer(0, kb[0], kb[0])
+    cache.append_kv_layer(1, kb[1], kb[1])
+    cache.advance()
+    assert np.array_equal(cache.gather_k(0)[0], k[0]) and np.array_equal(cache.gather_v(1)[0], k[1])
+    store = KVPageStore(cfg)
+    store.write(np.array([0], np.int32), 0, 0, k, kb)
+    assert np.array_equal(store.read(np.array([0], np.int32), 0, "v", 0, 2), k)
+    store = KVPageStore(cfg)
+    _manager_ops.write_token_rows(store, np.array([1], ">i4"), np.array([2], ">i4"), 0, kb[:1], kb[:1])
+    assert np.array_equal(store.read(np.array([0, 1], np.int32), 0, "k", 6, 1)[0], k[0])
+    with pytest.raises(IndexError):
+        _manager_ops.write_token_rows(store, np.array([2**24], ">i4"), np.array([0], np.int32), 0, k[:1], k[:1])
+    with pytest.raises(TypeError):
+        _manager_ops.build_block_table([np.array([1, 2], ">i4")], 2)
+    x, w = np.ones((3, 5), np.float32), np.ones((4, 5), np.float32)
+    with pytest.raises(TypeError):
+        _gemm.linear(x.astype(">f4"), w, np.zeros((3, 4), np.float32))
+    with pytest.raises(TypeError):
+        _layers.rms_norm(x, np.ones(5, ">f4"), 1e-6, np.zeros_like(x))
+
+
 def test_advance_without_any_token_is_value_error():
     cache = PagedKVCache(PagedKVCacheConfig(**GOOD))
     with pytest.raises(ValueError):

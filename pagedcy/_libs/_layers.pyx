@@ -79,8 +79,8 @@ cdef cnp.ndarray _f32(object a, str name, tuple shape, bint writable=False):
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
     cdef cnp.ndarray arr = <cnp.ndarray>a
-    if cnp.PyArray_TYPE(arr) != cnp.NPY_FLOAT32:
-        raise TypeError(f"{name} must be float32, got {arr.dtype}")
+    if cnp.PyArray_TYPE(arr) != cnp.NPY_FLOAT32 or not cnp.PyArray_ISNOTSWAPPED(arr):
+        raise TypeError(f"{name} must be float32 in native byte order, got {arr.dtype.str}")
     got = (<object>a).shape
     if len(got) != len(shape) or any(s is not None and got[i] != s for i, s in enumerate(shape)):
         want = "[" + ", ".join("?" if s is None else str(s) for s in shape) + "]"

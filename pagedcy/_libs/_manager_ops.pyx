@@ -32,7 +32,7 @@ cdef cnp.ndarray _ids(object x, str name, Py_ssize_t upper):
     cdef const int32_t *p
     cdef Py_ssize_t i
     if type(x) is np.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>x) == cnp.NPY_INT32 \
-            and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x):
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>x) and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>x):
         a = <cnp.ndarray>x
         p = <const int32_t *>cnp.PyArray_DATA(a)
         for i in range(cnp.PyArray_SIZE(a)):
@@ -81,8 +81,9 @@ def build_block_table(list tables not None, width):
     cdef cnp.ndarray t
     for b in range(B):
         t = <cnp.ndarray?>tables[b]
-        if cnp.PyArray_TYPE(t) != cnp.NPY_INT32 or not cnp.PyArray_IS_C_CONTIGUOUS(t) or t.ndim != 1:
-            raise TypeError("block tables must be 1-D C-contiguous int32 arrays")
+        if (cnp.PyArray_TYPE(t) != cnp.NPY_INT32 or not cnp.PyArray_ISNOTSWAPPED(t)
+                or not cnp.PyArray_IS_C_CONTIGUOUS(t) or t.ndim != 1):
+            raise TypeError("block tables must be 1-D C-contiguous int32 arrays in native byte order")
         n = t.shape[0]
         if n > W:
             raise ValueError(f"block table {b} has {n} entries, more than width {W}")

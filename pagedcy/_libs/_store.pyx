@@ -130,7 +130,9 @@ cdef class KVPageStore:
         cdef cnp.ndarray a
         if type(x) is np.ndarray:
             a = <cnp.ndarray>x
-            if (cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT32 and cnp.PyArray_IS_C_CONTIGUOUS(a)
+            # the type number ignores byte order: a '>f4' array goes the converting way
+            if (cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT32 and cnp.PyArray_ISNOTSWAPPED(a)
+                    and cnp.PyArray_IS_C_CONTIGUOUS(a)
                     and cnp.PyArray_SIZE(a) == n_rows * self.kv_dim and n_rows >= 0
                     and ((a.ndim == 1 and n_rows == 1)
                          or (a.ndim == 2 and a.shape[0] == n_rows and a.shape[1] == self.kv_dim))):
