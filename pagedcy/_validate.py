@@ -171,6 +171,8 @@ def finite_float(value, name, *, min_value=None):
         v = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}") from None
+    except OverflowError:          # an int past float's range
+        v = float("inf")
     if not np.isfinite(v) or (min_value is not None and v < min_value):
         bound = f" >= {min_value}" if min_value is not None else ""
         raise ValueError(f"{name} must be a finite number{bound}, got {value}")

@@ -468,6 +468,78 @@ def test_byte_swapped_arrays_are_converted_or_refused():
         _layers.rms_norm(x, np.ones(5, ">f4"), 1e-6, np.zeros_like(x))
 
 
+@pytest.mark.parametrize("make", [
+    lambda: PagedKVCache.__new__(PagedKVCache),
+    lambda: KVPageStore.__new__(KVPageStore),
+    lambda: PagePool.__new__(PagePool),
+    lambda: PageTable.__new__(PageTable),
+    lambda: type("Sub", (PagedKVCache,), {"__init__": lambda self: None})(),
+    lambda: type("Sub", (KVPageStore,), {"__init__": lambda self: None})(),
+    lambda: PagedKVCache(PagedKVCacheConfig(**GOOD), 5),
+])
+def test_no_object_exists_half_built(make):
+    # Everything is built in __cinit__: no object reaches the nogil core with its store,
+    # table or pool missing (these used to crash the interpreter or read None's memory).
+    with pytest.raises(TypeError):
+        make()
+
+
+def test_user_callbacks_may_call_back_into_a_locked_object():
+    # An argument's __index__ / __float__ runs before the object takes its lock, so one
+    # that calls back into the same object cannot wait on that lock forever.
+    code = textwrap.dedent("""
+        import numpy as np
+        from pagedcy import PagePool, PagedKVCache, PagedKVCacheConfig
+        pool = PagePool(4, 4)
+        pool.alloc()
+        class Page:
+            def __index__(self):
+                assert pool.ref_count(0) >= 0
+                return 0
+        pool.incref(Page()); pool.free(Page()); assert pool.ref_count(Page()) == 1
+        c = PagedKVCache(PagedKVCacheConfig(4, 4, 1, 1, 4))
+        c.append_tokens(np.ones((1, 2, 4), np.float32), np.ones((1, 2, 4), np.float32))
+        class Scale:
+            def __float__(self):
+                c.page_ids()
+                return 0.5
+        class Layer:
+            def __index__(self):
+                c.page_ids()
+                return 0
+        a = c.attention(np.ones((1, 1, 4), np.float32), Layer(), scale=Scale(), causal=Scale(),
+                        window_left=Layer(), num_threads=Layer().__index__() + 1)
+        b = c.attention(np.ones((1, 1, 4), np.float32), 0, scale=0.5)
+        assert np.array_equal(a, b)
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_out_of_range_numbers_are_value_errors():
+    from pagedcy._libs import _bandwidth, _layers
+    x, o = np.ones((2, 8), np.float32), np.empty((2, 8), np.float32)
+    with pytest.raises(ValueError):
+        _layers.rms_norm(x, np.ones(8, np.float32), 10**400, o)
+    with pytest.raises(ValueError):
+        _layers.rms_norm(x, np.ones(8, np.float32), 1e-6, o, num_threads=0)   # small call too
+    qkv, pos = np.ones((2, 16), np.float32), np.array([0, 1], np.int32)
+    cs = np.ones((4, 2), np.float32)
+    q, k = np.empty((2, 2, 4), np.float32), np.empty((2, 4), np.float32)
+    for bad, exc in ((2.7, TypeError), ("2", TypeError), (float("inf"), TypeError), (0, ValueError)):
+        with pytest.raises(exc):
+            _layers.qkv_rope(qkv, pos, cs, cs, q, k, k.copy(), bad, 1)
+    with pytest.raises(ValueError):
+        _bandwidth.read_bandwidth(nbytes=4096, repeats=2**31)
+    for f in (_bandwidth.read_bandwidth, _bandwidth.page_read_bandwidth):
+        kw = {"page_bytes": 4096} if f is _bandwidth.page_read_bandwidth else {}
+        with pytest.raises(ValueError):
+            f(buffer=np.zeros(4096, np.float32), repeats=1, **kw)
+    with pytest.raises(TypeError):
+        PagePool(2, 4, buffer=memoryview(bytearray(128))[::2])
+
+
 def test_advance_without_any_token_is_value_error():
     cache = PagedKVCache(PagedKVCacheConfig(**GOOD))
     with pytest.raises(ValueError):

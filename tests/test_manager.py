@@ -88,6 +88,9 @@ def test_write_read_roundtrip_across_pages_and_single_token_write():
     np.testing.assert_array_equal(rv[0], (key * 2).astype(np.float32))
     rk, _ = m.read_kv(h, 1, 4, 3, float32=False)
     assert rk.dtype == np.float32
+    for float32 in (True, False):                             # an empty read is no error
+        ek, ev = m.read_kv(h, 1, 3, 0, float32=float32)
+        assert ek.shape == ev.shape == (0, 2, 8)
 
 
 def test_positions_past_blocks_are_errors_not_crashes():

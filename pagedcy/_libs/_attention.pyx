@@ -248,6 +248,19 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
                       PAGEDCY_SIMD_AVX512, 0, 1)
 
 
+def _plain_options(*, scale=None, causal=True, window_left=-1, soft_cap=0.0, alibi_slopes=None,
+                   out=None, return_lse=False, num_threads=None):
+    """Private: ``batch_paged_attention``'s options as plain Python and NumPy values, so a
+    caller that must hold a lock through the kernel runs no ``__index__``, ``__float__``,
+    ``__bool__`` or ``__array__`` of the user's while it holds it. TypeError/ValueError as
+    the kernel's own checks; shape checks stay with the kernel."""
+    return dict(scale=None if scale is None else finite_float(scale, "scale"), causal=bool(causal),
+                window_left=as_int(window_left, "window_left"),
+                soft_cap=finite_float(soft_cap, "soft_cap", min_value=0.0),
+                alibi_slopes=None if alibi_slopes is None else np.asarray(alibi_slopes),
+                out=out, return_lse=bool(return_lse), num_threads=resolve_num_threads(num_threads))
+
+
 def _batch_paged_attention_tuned(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, *,
                                  scale=None, causal=True, window_left=-1, soft_cap=0.0,
                                  alibi_slopes=None, out=None, return_lse=False, num_threads=None,

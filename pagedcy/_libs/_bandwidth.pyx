@@ -171,7 +171,8 @@ def _best_rate(name, buf, int reps, num_threads, order=None, int64_t page_bytes=
             total = c_pass(base, op, n, granule, page_bytes, streams, row_bytes, nt)
         dt = time.perf_counter() - t0
         if total != <double>(nread // 4):
-            raise RuntimeError(f"{name}: checksum mismatch (is the buffer all ones?)")
+            raise ValueError(f"{name}: the sum of a pass is not the number of floats read: "
+                             "the buffer must hold ones")
         if it > 0:
             best = max(best, nread / dt / 1e9)
     return best
@@ -188,10 +189,11 @@ def read_bandwidth(nbytes=512 * 2**20, num_threads=None, repeats=5, *, buffer=No
     float32 array of ones to reuse instead (``nbytes`` is then its size), so
     repeated calls do not allocate. ``num_threads`` follows
     ``resolve_num_threads``. Raises TypeError for non-integer sizes or a
-    non-float32 buffer, ValueError for ``nbytes < 4096``, ``repeats < 1`` or
-    a buffer of the wrong shape.
+    non-float32 buffer, ValueError for ``nbytes < 4096``, ``repeats`` outside
+    ``[1, 2**31)``, a buffer of the wrong shape, or one that does not hold ones
+    (found after the untimed pass).
     """
-    reps = _validate.check_positive(repeats, "repeats")
+    reps = _validate.check_positive(repeats, "repeats", 2**31)
     return _best_rate("read_bandwidth", _ones_buffer(nbytes, buffer), reps, num_threads)
 
 
@@ -255,7 +257,7 @@ def page_read_bandwidth(page_bytes=128 * 1024, nbytes=512 * 2**20, num_threads=N
     multiple of 64 or does not divide ``page_bytes``, ``streams`` outside
     [1, 64], or no whole page in the buffer.
     """
-    reps = _validate.check_positive(repeats, "repeats")
+    reps = _validate.check_positive(repeats, "repeats", 2**31)
     buf = _ones_buffer(nbytes, buffer)
     pb, st, rb, order = _walk_setup(buf, page_bytes, streams, row_bytes, seed)
     return _best_rate("page_read_bandwidth", buf, reps, num_threads, order, pb, st, rb)

@@ -31,16 +31,10 @@ cdef class PagedKVCache:
     Every method is safe to call from several Python threads.
     """
 
-    def __cinit__(self, *args, **kwargs):
+    # Built in __cinit__, not __init__: an object made by __new__ or by a subclass whose
+    # __init__ skips ours would otherwise reach the nogil core with store/table None.
+    def __cinit__(self, config):
         self.lock = new_lock()
-
-    def __dealloc__(self):
-        if self.lock != NULL:
-            PyThread_free_lock(self.lock)
-
-    def __init__(self, config):
-        if self.store is not None:
-            raise RuntimeError("PagedKVCache is already initialised")
         if not isinstance(config, PagedKVCacheConfig):
             raise TypeError(f"config must be a PagedKVCacheConfig, got {type(config).__name__}")
         self.config = config
@@ -49,6 +43,10 @@ cdef class PagedKVCache:
         self.table = PageTable(config.page_size)
         self.lru = config.eviction == EvictionPolicy.LRU
         self.evicted = 0
+
+    def __dealloc__(self):
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
 
     # -- nogil core: self.lock held; the pool and table are private to this cache --------
     cdef int c_ensure_page(self) noexcept nogil:
@@ -305,19 +303,23 @@ cdef class PagedKVCache:
         held tokens' queries) over the held tokens of ``layer``, reading K/V straight from
         the pages. Options as :func:`pagedcy.batch_paged_attention`. Returns
         ``[q_len, num_heads, head_dim]`` (and the LSE with ``return_lse=True``)."""
-        from pagedcy._libs._attention import batch_paged_attention
+        from pagedcy._libs._attention import _plain_options, batch_paged_attention
         q = np.asarray(query)
         if q.ndim == 2:
             q = q[None]
         if q.ndim != 3:
             raise ValueError(f"query must be [q_len, num_heads, head_dim], got shape {q.shape}")
-        # Hold the lock through the kernel so no append/evict rewrites a page it reads.
+        # Hold the lock through the kernel so no append/evict rewrites a page it reads; the
+        # arguments become plain values first, since a user's __float__ or __index__ that
+        # called back into this cache would wait on the lock forever.
+        cdef Py_ssize_t L = index_arg(layer, self.store.num_layers, "layer")
+        opts = _plain_options(**options)
         acquire(self.lock)
         try:
             return batch_paged_attention(
-                q, np.array([0, q.shape[0]], dtype=np.int32), self.store.pages(), layer,
+                q, np.array([0, q.shape[0]], dtype=np.int32), self.store.pages(), L,
                 self.table.physical_pages()[None, :],
-                np.array([self.table.c_seq_len()], dtype=np.int32), **options)
+                np.array([self.table.c_seq_len()], dtype=np.int32), **opts)
         finally:
             release(self.lock)
 

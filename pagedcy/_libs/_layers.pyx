@@ -13,6 +13,7 @@ from libc.stdint cimport int32_t
 
 from pagedcy._libs._openmp cimport PAGEDCY_OPENMP
 from pagedcy._libs._threads import resolve_num_threads
+from pagedcy._validate import check_positive, finite_float
 
 cnp.import_array()
 
@@ -107,16 +108,15 @@ cdef inline const float *_opt(object a, str name, tuple shape) except? NULL:
 
 
 cdef float _eps(object eps) except? -1:
-    cdef float e = eps
+    cdef double e = finite_float(eps, "eps")
     if not (e > 0 and e < 1e30):
         raise ValueError(f"eps must be a positive finite float, got {eps!r}")
     return e
 
 
 cdef int _threads(object num_threads, Py_ssize_t elements) except -1:
-    if not PAGEDCY_OPENMP or elements < PARALLEL_ELEMENTS:
-        return 1
-    return resolve_num_threads(num_threads)
+    cdef int nt = resolve_num_threads(num_threads)     # checked even when unused
+    return 1 if not PAGEDCY_OPENMP or elements < PARALLEL_ELEMENTS else nt
 
 
 def rms_norm(x, weight, eps, out, residual=None, num_threads=None):
@@ -164,10 +164,8 @@ def qkv_rope(qkv, positions, cos, sin, q_out, k_out, v_out, num_heads, num_kv_he
     TypeError for dtypes, ValueError for shapes, odd head_dim or overlapping outputs,
     IndexError for a position outside the tables.
     """
-    H = int(num_heads)
-    Hk = int(num_kv_heads)
-    if H < 1 or Hk < 1:
-        raise ValueError("num_heads and num_kv_heads must be >= 1")
+    H = check_positive(num_heads, "num_heads", 2**20)
+    Hk = check_positive(num_kv_heads, "num_kv_heads", 2**20)
     cdef cnp.ndarray qa = _f32(q_out, "q_out", (None, H, None), True)
     cdef Py_ssize_t n = qa.shape[0], D = qa.shape[2], i
     if D % 2:

@@ -27,4 +27,5 @@ cdef class PagePool:
         return self.refs[page] if page < self.fresh else 0
     cdef inline char *page_ptr(self, Py_ssize_t page) noexcept nogil:
         return self.data + page * self.page_bytes
-    cdef Py_ssize_t check_page(self, object page, bint allocated) except -1
+    cdef Py_ssize_t check_page(self, object page) except -1
+    cdef int check_allocated(self, Py_ssize_t p) except -1

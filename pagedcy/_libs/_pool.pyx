@@ -56,13 +56,10 @@ cdef class PagePool:
     sizes out of range.
     """
 
+    # Built in __cinit__ so that no PagePool exists without its buffer (see PagedKVCache).
     def __cinit__(self, max_pages, floats_per_page, dtype="float32", buffer=None):
-        self.lock = new_lock()
-
-    def __init__(self, max_pages, floats_per_page, dtype="float32", buffer=None):
         cdef Py_ssize_t nbytes
-        if self.max_pages:
-            raise RuntimeError("PagePool is already initialised")
+        self.lock = new_lock()
         mp = _validate.check_positive(max_pages, "max_pages", 2**31)
         fpp = _validate.check_positive(floats_per_page, "floats_per_page", 2**40)
         name = _dtypes.normalize_dtype(dtype) if not (isinstance(dtype, np.dtype) and dtype == np.uint16) else "bfloat16"
@@ -81,7 +78,7 @@ cdef class PagePool:
             try:
                 view = np.frombuffer(buffer, dtype=np.uint8) if not isinstance(buffer, np.ndarray) \
                     else buffer.reshape(-1).view(np.uint8)
-            except (TypeError, ValueError) as e:
+            except (TypeError, ValueError, BufferError) as e:
                 raise TypeError(f"buffer must be a writable contiguous buffer: {e}") from None
             if not view.flags.c_contiguous or not view.flags.writeable:
                 raise TypeError("buffer must be writable and C-contiguous")
@@ -149,13 +146,16 @@ cdef class PagePool:
             return 1
         return 0
 
-    cdef Py_ssize_t check_page(self, object page, bint allocated) except -1:
-        """``page`` as an index of this pool (TypeError / IndexError); with ``allocated``,
-        ValueError unless it is allocated. Takes no lock: callers reading refs hold it."""
-        cdef Py_ssize_t p = index_arg(page, self.max_pages, "page")
-        if allocated and self.c_ref(p) == 0:
+    cdef Py_ssize_t check_page(self, object page) except -1:
+        """``page`` as an index of this pool (TypeError / IndexError). It may run the
+        caller's ``__index__``, so callers convert before they take the lock."""
+        return index_arg(page, self.max_pages, "page")
+
+    cdef int check_allocated(self, Py_ssize_t p) except -1:
+        """ValueError unless page ``p`` (in range) is allocated; callers hold the lock."""
+        if self.c_ref(p) == 0:
             raise ValueError(f"page {p} is not allocated (double free?)")
-        return p
+        return 0
 
     # -- Python API ---------------------------------------------------------
     @property
@@ -203,25 +203,30 @@ cdef class PagePool:
         Raises IndexError if out of range and ValueError if the page is already
         free (double free); the pool is unchanged then.
         """
+        cdef Py_ssize_t p = self.check_page(page)
         acquire(self.lock)
         try:
-            self.c_release(self.check_page(page, True))
+            self.check_allocated(p)
+            self.c_release(p)
         finally:
             release(self.lock)
 
     def incref(self, page):
         """Add a reference to an allocated page (shared by another owner)."""
+        cdef Py_ssize_t p = self.check_page(page)
         acquire(self.lock)
         try:
-            self.refs[self.check_page(page, True)] += 1
+            self.check_allocated(p)
+            self.refs[p] += 1
         finally:
             release(self.lock)
 
     def ref_count(self, page):
         """Number of references held on ``page`` (0 when free)."""
+        cdef Py_ssize_t p = self.check_page(page)
         acquire(self.lock)
         try:
-            return self.c_ref(self.check_page(page, False))
+            return self.c_ref(p)
         finally:
             release(self.lock)
 
@@ -271,7 +276,7 @@ cdef class PagePool:
 
     def page_data_mut(self, page):
         """Writable zero-copy view of one page: 1-D, ``floats_per_page`` values."""
-        cdef Py_ssize_t p = self.check_page(page, False)
+        cdef Py_ssize_t p = self.check_page(page)
         return self._buffer[p * self.page_bytes:(p + 1) * self.page_bytes].view(self._dtype)
 
     def as_array(self, shape=None):
@@ -284,8 +289,8 @@ cdef class PagePool:
 
     def copy_page(self, src, dst):
         """Copy the contents of page ``src`` into page ``dst`` (both in range)."""
-        cdef char *s = self.page_ptr(self.check_page(src, False))
-        cdef char *d = self.page_ptr(self.check_page(dst, False))
+        cdef char *s = self.page_ptr(self.check_page(src))
+        cdef char *d = self.page_ptr(self.check_page(dst))
         cdef Py_ssize_t n = self.page_bytes
         if s != d:
             with nogil:

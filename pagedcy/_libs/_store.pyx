@@ -47,9 +47,8 @@ cdef class KVPageStore:
     token positions relative to it.
     """
 
-    def __init__(self, config, buffer=None, *, layout="HND"):
-        if self.pool is not None:
-            raise RuntimeError("KVPageStore is already initialised")
+    # Built in __cinit__ so that no KVPageStore exists without its pool (see PagedKVCache).
+    def __cinit__(self, config, buffer=None, *, layout="HND"):
         if not isinstance(config, PagedKVCacheConfig):
             raise TypeError(f"config must be a PagedKVCacheConfig, got {type(config).__name__}")
         if layout not in ("HND", "NHD"):

@@ -23,12 +23,9 @@ cdef class PageTable:
     entries can be handed to the attention kernel as a block-table row.
     """
 
+    # Built in __cinit__ so that no PageTable exists without its entries (see PagedKVCache).
     def __cinit__(self, page_size):
         self.lock = new_lock()
-
-    def __init__(self, page_size):
-        if self.buf != NULL:
-            raise RuntimeError("PageTable is already initialised")
         self.page_size = _validate.check_positive(page_size, "page_size", 2**31)
         self.cap = 8
         self.buf = <int32_t *>PyMem_RawMalloc(self.cap * sizeof(int32_t))

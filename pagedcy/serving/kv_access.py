@@ -154,7 +154,8 @@ class KVAccess:
             table = h.block_table()
             k = self._p.store.read(table, layer, 0, start, n, float32=float32)
             v = self._p.store.read(table, layer, 1, start, n, float32=float32)
-        shape = (n, cfg.num_kv_heads, -1)        # stored int8 rows end with their scale
+        # stored int8 rows end with each head's scale: the row width says the head's
+        shape = (n, cfg.num_kv_heads, k.shape[1] // cfg.num_kv_heads)
         return k.reshape(shape), v.reshape(shape)
 
     # -- engine step ----------------------------------------------------------------------
