@@ -63,6 +63,7 @@ class FakeEngine:
         self.model_config = FakeModelConfig()
         self.model_dir = "fake"
         self.max_num_seqs = max_num_seqs
+        self.max_model_len = self.model_config.max_position_embeddings
         self.page_size = page_size
         self.kv_pages = kv_pages
         self.step_delay = step_delay

@@ -305,7 +305,7 @@ def test_bad_requests_are_rejected_and_the_batch_completes_unchanged():
             engine.add_request("0", [1, 2], GREEDY)
         with pytest.raises(TypeError, match="request_id"):
             engine.add_request(7, [1, 2], GREEDY)
-        with pytest.raises(ValueError, match="pages"):   # 130 tokens > 30 pages of 4
+        with pytest.raises(ValueError, match="KV pool"):   # 130 tokens > 30 pages of 4
             engine.add_request("big", [1] * 100, SamplingParams(max_tokens=30))
         assert engine.get_num_unfinished_requests() == 6
 
@@ -365,6 +365,23 @@ def test_default_pool_size_fits_a_full_context():
     assert eng.manager.total_blocks() == 4 * 512 // ps
     eng.add_request("a", [1, 2], SamplingParams(max_tokens=None, temperature=0))
     assert eng.step()[0].outputs[0].token_ids
+
+
+def test_max_model_len_follows_the_model_and_the_pool():
+    model = ToyModel()
+    ctx = model.config.max_position_embeddings
+    assert make(model).max_model_len == ctx
+    small = make(model, kv_cache_pages=5)                       # 20 tokens of pages of 4
+    assert small.max_model_len == min(ctx, 20)
+    # without max_tokens a request runs to max_model_len, which the pool can hold
+    out = run(small, [("a", [1, 2, 3], SamplingParams(temperature=0, ignore_eos=True, max_tokens=None))])["a"]
+    assert len(out.outputs[0].token_ids) == small.max_model_len - 3
+    assert make(model, max_model_len=12).max_model_len == 12
+    with pytest.raises(ValueError):
+        make(model, max_model_len=12).add_request("b", [1] * 10, SamplingParams(max_tokens=3))
+    for bad, exc in ((ctx + 1, ValueError), (21, ValueError), (0, ValueError), (2.5, TypeError)):
+        with pytest.raises(exc):
+            make(model, kv_cache_pages=5, max_model_len=bad)
 
 
 def test_step_without_work_returns_nothing():

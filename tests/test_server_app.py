@@ -111,6 +111,14 @@ def test_chat_renders_the_template(client, server):
     assert r2.usage.prompt_tokens == len(prompt)
 
 
+def test_chat_template_kwargs_may_set_add_generation_prompt(client):
+    msgs = [{"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=3,
+                                       extra_body={"chat_template_kwargs": {"add_generation_prompt": False}})
+    assert r.usage.prompt_tokens == len("\x02<user>hi\x03")
+    assert r.choices[0].message.content == expected_text(ids("\x02<user>hi\x03"), 3)
+
+
 def test_chat_default_max_tokens_fills_the_context(client):
     r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
     assert r.usage.total_tokens == 256 and r.choices[0].finish_reason == "length"
@@ -133,6 +141,9 @@ BAD = [
     (json.dumps({"prompt": "x", "n": 0}).encode(), 400, None),
     (json.dumps({"prompt": "x", "stream": True, "max_tokens": 0}).encode(), 400, None),
     (json.dumps({"prompt": ["a", "b"]}).encode(), 422, None),
+    (b'{"prompt": "x", "model": "\\ud800"}', 404, "model_not_found"),   # a lone surrogate
+    (json.dumps({"prompt": "x", "n": 2**63}).encode(), 400, None),
+    (json.dumps({"prompt": "x", "n": 20_000_000}).encode(), 400, None),
 ]
 
 
@@ -157,6 +168,8 @@ def test_bad_completion_input_then_good(server, client, body, status, code):
     ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, 400),
     ({"messages": [{"role": "user", "content": "x" * 300}]}, 400),
     ({"messages": [{"role": "user", "content": "x"}], "model": "other"}, 404),
+    ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"messages": []}}, 400),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 2**40}, 400),
 ])
 def test_bad_chat_input_then_good(server, client, body, status):
     r = httpx.post(server.base_url + "/v1/chat/completions", json=body)
@@ -171,6 +184,7 @@ def test_bad_chat_input_then_good(server, client, body, status):
 
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(server.base_url + "/v1/models").json()["data"][0]["max_model_len"] == 256
     assert httpx.get(server.base_url + "/health").status_code == 200
 
 

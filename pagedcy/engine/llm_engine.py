@@ -27,7 +27,8 @@ class LLMEngine:
 
     LLMEngine(model_dir, *, kv_cache_pages=None, page_size=16, kv_dtype="float32",
               max_num_seqs=256, max_num_batched_tokens=2048, enable_prefix_cache=True,
-              num_threads=None, seed=0, preemption_mode="recompute", swap_pages=0)
+              num_threads=None, seed=0, preemption_mode="recompute", swap_pages=0,
+              max_model_len=None)
 
     model_dir: a Hugging Face checkpoint directory (``pagedcy.models.load_model``).
     kv_cache_pages: pages in the KV pool (None: :func:`default_num_pages`).
@@ -35,6 +36,9 @@ class LLMEngine:
     one step (longer prompts are prefilled in chunks). preemption_mode: "recompute" or
     "swap" (swap needs ``swap_pages`` > 0 and falls back to recompute when the swap
     pool is full). seed: seeds requests whose SamplingParams have no seed.
+    max_model_len: the longest sequence (prompt + output) a request may ask for, at most
+    the model's ``max_position_embeddings`` and the KV pool's tokens (ValueError beyond
+    either); None: the smaller of the two (attribute ``max_model_len``).
     Attributes: ``tokenizer`` (:class:`~pagedcy.engine.tokenizer.Tokenizer` or None),
     ``model_config``, ``model_dir``, ``model``, ``manager``, ``scheduler``.
 
@@ -44,13 +48,15 @@ class LLMEngine:
 
     def __init__(self, model_dir, *, kv_cache_pages=None, page_size=16, kv_dtype="float32",
                  max_num_seqs=256, max_num_batched_tokens=2048, enable_prefix_cache=True,
-                 num_threads=None, seed=0, preemption_mode="recompute", swap_pages=0):
+                 num_threads=None, seed=0, preemption_mode="recompute", swap_pages=0,
+                 max_model_len=None):
         if not isinstance(model_dir, (str, os.PathLike)):
             raise TypeError(f"model_dir must be a path, got {type(model_dir).__name__}")
         options = dict(kv_cache_pages=kv_cache_pages, page_size=page_size, kv_dtype=kv_dtype,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        enable_prefix_cache=enable_prefix_cache, seed=seed,
-                       preemption_mode=preemption_mode, swap_pages=swap_pages)
+                       preemption_mode=preemption_mode, swap_pages=swap_pages,
+                       max_model_len=max_model_len)
         _check_options(**options)   # before the (slow) load
         from pagedcy.models import load_model
         model = load_model(model_dir, num_threads=num_threads)
@@ -69,7 +75,8 @@ class LLMEngine:
 
     def _setup(self, model, tokenizer, model_dir, *, kv_cache_pages=None, page_size=16,
                kv_dtype="float32", max_num_seqs=256, max_num_batched_tokens=2048,
-               enable_prefix_cache=True, seed=0, preemption_mode="recompute", swap_pages=0):
+               enable_prefix_cache=True, seed=0, preemption_mode="recompute", swap_pages=0,
+               max_model_len=None):
         self.model = model
         self.model_config = model.config
         self.model_dir = model_dir
@@ -81,6 +88,8 @@ class LLMEngine:
         cfg = model.kv_cache_config(kv_cache_pages, page_size, kv_dtype)
         self.manager = PagedKVCacheManager(cfg, enable_prefix_cache=enable_prefix_cache,
                                            swap_pages=swap_pages)
+        self.max_model_len = _context_length(max_model_len, self.model_config.max_position_embeddings,
+                                             kv_cache_pages * page_size)
         self.scheduler = Scheduler(self.manager, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    preemption_mode=preemption_mode)
@@ -88,6 +97,11 @@ class LLMEngine:
         self._requests = {}
         self._counters = dict.fromkeys(("prompt_tokens", "generation_tokens", "num_steps"), 0)
         self._timers = dict.fromkeys(("forward", "prefill_steps", "decode_steps"), 0.0)
+
+    @property
+    def max_num_seqs(self):
+        """The most sequences one step runs (also the largest ``n`` a request may ask)."""
+        return self.scheduler.max_num_seqs
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, request_id, prompt, params=None):
@@ -105,24 +119,22 @@ class LLMEngine:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        if params.n > self.scheduler.max_num_seqs:
-            raise ValueError(f"n={params.n} exceeds max_num_seqs={self.scheduler.max_num_seqs}")
+        if params.n > self.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds max_num_seqs={self.max_num_seqs}")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (the model has no tokenizer.json)")
         mc = self.model_config
         text, ids = parse_prompt(prompt, self.tokenizer, mc.vocab_size)
         n_prompt = int(ids.shape[0])
-        ctx = mc.max_position_embeddings
+        ctx = self.max_model_len
         max_tokens = params.max_tokens if params.max_tokens is not None else ctx - n_prompt
+        # max_model_len fits the pool too, so this one check also keeps every sequence
+        # within the KV pages
         if n_prompt + max_tokens > ctx or max_tokens < 1:
+            pool = self.manager.total_blocks() * self.manager.block_size()
+            why = f"; the KV pool holds {pool} tokens (kv_cache_pages)" if ctx == pool else ""
             raise ValueError(f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds "
-                             f"the model's context of {ctx} tokens (max_position_embeddings)")
-        ps = self.manager.block_size()
-        pages = -(-(n_prompt + max_tokens) // ps)
-        if pages > self.manager.total_blocks():
-            raise ValueError(f"a sequence of {n_prompt + max_tokens} tokens needs {pages} KV "
-                             f"pages, the pool has {self.manager.total_blocks()} "
-                             f"(kv_cache_pages)")
+                             f"the engine's context (max_model_len) of {ctx} tokens{why}")
         req = Request(request_id, text, ids, params, max_tokens,
                       StopChecker(params, mc.eos_token_ids, max_tokens))
         rngs = self._rngs(params)
@@ -271,12 +283,32 @@ class LLMEngine:
             decode_step_seconds=self._timers["decode_steps"])
 
 
+def _context_length(max_model_len, max_position_embeddings, pool_tokens):
+    """The engine's max_model_len: as asked (checked against the model and the pool), or
+    the smaller of the two, so a request without max_tokens fits the pool (vLLM refuses
+    to start instead; a small pool here just means shorter sequences)."""
+    limit = min(int(max_position_embeddings), int(pool_tokens))
+    if max_model_len is None:
+        return limit
+    v = int(max_model_len)
+    if v > max_position_embeddings:
+        raise ValueError(f"max_model_len {v} exceeds the model's max_position_embeddings "
+                         f"({max_position_embeddings})")
+    if v > pool_tokens:
+        raise ValueError(f"max_model_len {v} exceeds the {pool_tokens} tokens of the KV pool "
+                         f"(kv_cache_pages * page_size): raise kv_cache_pages or lower "
+                         f"max_model_len")
+    return v
+
+
 def _check_options(*, kv_cache_pages=None, page_size=16, kv_dtype="float32", max_num_seqs=256,
                    max_num_batched_tokens=2048, enable_prefix_cache=True, seed=0,
-                   preemption_mode="recompute", swap_pages=0):
+                   preemption_mode="recompute", swap_pages=0, max_model_len=None):
     if kv_cache_pages is not None:
         _validate.check_positive(kv_cache_pages, "kv_cache_pages")
     _validate.check_positive(page_size, "page_size")
+    if max_model_len is not None:
+        _validate.check_positive(max_model_len, "max_model_len")
     _validate.check_positive(max_num_seqs, "max_num_seqs")
     _validate.check_positive(max_num_batched_tokens, "max_num_batched_tokens")
     _validate.check_count(swap_pages, "swap_pages")

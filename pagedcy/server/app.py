@@ -80,9 +80,8 @@ def build_app(engine: AsyncEngine, *, model_names: list[str],
 
     @app.get("/v1/models")
     async def models():
-        cfg = engine.engine.model_config
         return ModelList(data=[ModelCard(id=n, root=str(engine.engine.model_dir),
-                                         max_model_len=cfg.max_position_embeddings)
+                                         max_model_len=engine.engine.max_model_len)
                                for n in model_names]).model_dump()
 
     @app.post("/v1/completions")

@@ -58,10 +58,15 @@ class ChatEndpoint:
             raise bad_request("this model has no chat template (no 'chat_template' in its "
                               "tokenizer_config.json): use /v1/completions", param="messages",
                               code="no_chat_template")
+        kwargs = dict(req.chat_template_kwargs or {})
+        # as vLLM: the kwargs may set add_generation_prompt; the messages are the request's
+        add_generation_prompt = kwargs.pop("add_generation_prompt", req.add_generation_prompt)
+        if "messages" in kwargs:
+            raise bad_request("chat_template_kwargs may not set 'messages'",
+                              param="chat_template_kwargs")
         try:
             text = self.template.render(message_dicts(req),
-                                        add_generation_prompt=req.add_generation_prompt,
-                                        **(req.chat_template_kwargs or {}))
+                                        add_generation_prompt=add_generation_prompt, **kwargs)
         except TemplateError as exc:
             raise bad_request(str(exc), param="messages", code="chat_template_error") from exc
         return self.runner.encode(text, add_special_tokens=False)

@@ -39,9 +39,11 @@ def bad_request(message: str, param: Optional[str] = None, code: Optional[str] =
 
 
 def error_response(err: APIError):
-    """A ``JSONResponse`` carrying ``err``."""
-    from starlette.responses import JSONResponse
-    return JSONResponse(err.body(), status_code=err.status)
+    """A JSON response carrying ``err``. ASCII-escaped, since a message may echo the
+    client's text, and JSON lets a client send lone surrogates ("\\ud800") that UTF-8
+    cannot encode (Starlette's JSONResponse would fail on them: a 500 for a 4xx)."""
+    from starlette.responses import Response
+    return Response(json.dumps(err.body()), status_code=err.status, media_type="application/json")
 
 
 def sse_error(err: APIError) -> str:

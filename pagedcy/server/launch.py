@@ -32,6 +32,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
     p.add_argument("--swap-pages", type=int, default=0)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest prompt + output (default: the model's context or the KV pool's "
+                        "tokens, the smaller)")
 
 
 def engine_kwargs(args) -> dict:
@@ -40,7 +43,8 @@ def engine_kwargs(args) -> dict:
                 kv_dtype=args.kv_dtype, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 enable_prefix_cache=not args.no_prefix_cache, num_threads=args.num_threads,
-                seed=args.seed, preemption_mode=args.preemption_mode, swap_pages=args.swap_pages)
+                seed=args.seed, preemption_mode=args.preemption_mode, swap_pages=args.swap_pages,
+                max_model_len=args.max_model_len)
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:

@@ -81,7 +81,7 @@ class RequestRunner:
         self.model_names = list(model_names)
         self.metrics = metrics
         self.tokenizer = _own_tokenizer(engine.engine)
-        self.max_model_len = int(engine.engine.model_config.max_position_embeddings)
+        self.max_model_len = int(engine.engine.max_model_len)
 
     @property
     def model_name(self) -> str:
@@ -139,6 +139,10 @@ class RequestRunner:
         from pagedcy.engine import SamplingParams
         if req.n < 1:
             raise bad_request(f"n must be at least 1, got {req.n}", param="n")
+        # here, before anything of size n is built for the request
+        limit = self.engine.engine.max_num_seqs
+        if req.n > limit:
+            raise bad_request(f"n={req.n} exceeds the server's max_num_seqs ({limit})", param="n")
         try:
             return SamplingParams(
                 n=req.n, max_tokens=max_tokens,
