@@ -31,6 +31,10 @@ cdef class PagedKVCache:
     Every method is safe to call from several Python threads.
     """
 
+    def __init__(self, config):
+        # everything is built in __cinit__; this gives the constructor its signature
+        pass
+
     # Built in __cinit__, not __init__: an object made by __new__ or by a subclass whose
     # __init__ skips ours would otherwise reach the nogil core with store/table None.
     def __cinit__(self, config):

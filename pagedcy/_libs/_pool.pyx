@@ -56,6 +56,10 @@ cdef class PagePool:
     sizes out of range.
     """
 
+    def __init__(self, max_pages, floats_per_page, dtype="float32", buffer=None):
+        # everything is built in __cinit__; this gives the constructor its signature
+        pass
+
     # Built in __cinit__ so that no PagePool exists without its buffer (see PagedKVCache).
     def __cinit__(self, max_pages, floats_per_page, dtype="float32", buffer=None):
         cdef Py_ssize_t nbytes

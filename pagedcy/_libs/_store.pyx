@@ -47,6 +47,10 @@ cdef class KVPageStore:
     token positions relative to it.
     """
 
+    def __init__(self, config, buffer=None, *, layout="HND"):
+        # everything is built in __cinit__; this gives the constructor its signature
+        pass
+
     # Built in __cinit__ so that no KVPageStore exists without its pool (see PagedKVCache).
     def __cinit__(self, config, buffer=None, *, layout="HND"):
         if not isinstance(config, PagedKVCacheConfig):

@@ -23,6 +23,10 @@ cdef class PageTable:
     entries can be handed to the attention kernel as a block-table row.
     """
 
+    def __init__(self, page_size):
+        # everything is built in __cinit__; this gives the constructor its signature
+        pass
+
     # Built in __cinit__ so that no PageTable exists without its entries (see PagedKVCache).
     def __cinit__(self, page_size):
         self.lock = new_lock()
