@@ -14,6 +14,7 @@ exception a mistake raises, as NumPy does:
 The compiled modules take exact ints in range on a C fast path
 (``pagedcy/_libs/_args.pxd``) and hand everything else to these functions.
 """
+import json
 import operator
 
 import numpy as np
@@ -186,3 +187,17 @@ def int_array_nd(x, name, ndim):
         raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
     return arr
 
+
+
+def read_json_object(path):
+    """The JSON object (a dict) in the file ``path``. ValueError when the file is not
+    UTF-8 JSON, nests too deeply for the parser or holds something other than an object;
+    OSError (FileNotFoundError, PermissionError, ...) when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (ValueError, RecursionError) as e:     # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"{path} is not valid JSON: {type(e).__name__}: {str(e)[:200]}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, not {type(data).__name__}")
+    return data

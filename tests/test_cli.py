@@ -198,6 +198,29 @@ def test_generate_bad_input_exits_2(tmp_path):
         assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr
 
 
+def test_user_errors_are_one_line_not_a_traceback(tmp_path, capsys):
+    # A bad option or a bad checkpoint is the user's mistake: exit 2 with one line. These
+    # printed tracebacks (a config the engine refused at its first step, a port out of
+    # range, a demo of 0 requests, a bench of a missing model).
+    import json
+    from pagedcy.tools.cli import main
+    bad = checkpoint(tmp_path)
+    cfg = json.loads(open(os.path.join(bad, "config.json")).read())
+    with open(os.path.join(bad, "config.json"), "w") as f:
+        json.dump(dict(cfg, rms_norm_eps=-1.0), f)
+    for argv in (["generate", "--model", bad, "--prompt", "hi"],
+                 ["bench", "--engine", "--quick", "--model-dir", str(tmp_path / "missing"),
+                  "--no-transformers", "--no-llama-cpp", "--only", "A"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "error:" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for argv in (["serve", "--model", bad, "--port", "70000"], ["demo", "--requests", "0"],
+                 ["generate", "--model", bad, "--prompt", "hi", "--threads", "0"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
 # One thread drops the 1-thread duplicates of the multi-threaded rows; without AVX-512
 # (PAGEDCY_SIMD=avx2 caps it) the AVX2-kernel rows are missing too. The prefill-scaling
 # summary used to index the case list by position and crashed with IndexError there.

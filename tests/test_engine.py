@@ -367,6 +367,14 @@ def test_default_pool_size_fits_a_full_context():
     assert eng.step()[0].outputs[0].token_ids
 
 
+def test_default_pool_never_plans_more_than_half_the_ram():
+    # one full-context sequence is the floor, but not a 2**40-token one (32 TiB of pages)
+    from pagedcy.engine.pool_size import _physical_memory, default_num_pages
+    pages = default_num_pages(64 << 10, 16, 256, 2**40)
+    assert 0 < pages * (64 << 10) <= _physical_memory() // 2
+    assert default_num_pages(64 << 10, 16, 1, 8192) == 8192 // 16 + 1
+
+
 def test_max_model_len_follows_the_model_and_the_pool():
     model = ToyModel()
     ctx = model.config.max_position_embeddings
@@ -382,6 +390,29 @@ def test_max_model_len_follows_the_model_and_the_pool():
     for bad, exc in ((ctx + 1, ValueError), (21, ValueError), (0, ValueError), (2.5, TypeError)):
         with pytest.raises(exc):
             make(model, kv_cache_pages=5, max_model_len=bad)
+
+
+class _BrokenLogits(ToyModel):
+    """A model whose logits rows are NaN, +inf or -inf (a broken checkpoint)."""
+
+    def forward(self, kv_pages, token_ids, slots):
+        out = super().forward(kv_pages, token_ids, slots)
+        out[0::3] = np.nan
+        out[1::3, 5] = np.inf
+        out[2::3] = -np.inf
+        return out
+
+
+def test_non_finite_logits_still_give_tokens_and_the_engine_goes_on():
+    # Sampling used to raise mid-step after the KV was committed, leaving every later step
+    # failing; now NaN counts as impossible and +inf as certain.
+    eng = make(_BrokenLogits())
+    reqs = [(f"r{i}", p, sampled(i) if i % 2 else GREEDY) for i, p in enumerate(random_prompts(20, 6))]
+    out = run(eng, reqs)
+    assert sorted(out) == sorted(r[0] for r in reqs)
+    assert all(o.finished and o.outputs[0].finish_reason in ("length", "stop") for o in out.values())
+    assert_no_leak(eng)
+    assert run(eng, [("after", [1, 2, 3], GREEDY)])["after"].finished
 
 
 def test_step_without_work_returns_nothing():

@@ -94,6 +94,21 @@ def test_same_generator_state_gives_the_same_token():
     assert a == b and len(set(a)) > 1
 
 
+def test_non_finite_logits_give_a_token():
+    rng = np.random.default_rng(0)
+    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.5, top_k=4)):
+        nan_but_one = np.full(50, np.nan, np.float32)
+        nan_but_one[7] = -3.0
+        assert sampler.sample_row(nan_but_one, params, rng) == 7      # NaN: impossible
+        certain = np.zeros(50, np.float32)
+        certain[11] = np.inf
+        assert sampler.sample_row(certain, params, rng) == 11          # +inf: certain
+        for hopeless in (np.full(50, np.nan, np.float32), np.full(50, -np.inf, np.float32)):
+            assert sampler.sample_row(hopeless, params, rng) == 0
+        ok = sampler.sample_row(np.r_[np.full(49, -np.inf), 0.0].astype(np.float32), params, rng)
+        assert ok == 49
+
+
 def test_greedy_and_logprobs():
     logits = np.random.default_rng(7).standard_normal((5, 50)).astype(np.float32)
     assert sampler.greedy(logits, [0, 1, 2, 3, 4]).tolist() == logits.argmax(1).tolist()

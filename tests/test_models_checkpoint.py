@@ -162,6 +162,57 @@ def test_unsupported_architecture_and_rope(ckpt, tmp_path):
         load_model(p)
 
 
+_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 16}
+
+
+@pytest.mark.parametrize("changes, word", [
+    (dict(tie_word_embeddings="false"), "tie_word_embeddings"),   # bool("false") is True
+    (dict(attention_bias="yes"), "attention_bias"),
+    (dict(rms_norm_eps=-1.0), "rms_norm_eps"),
+    (dict(rms_norm_eps="1e-6"), "rms_norm_eps"),
+    (dict(rope_theta=0), "rope_theta"),
+    (dict(rope_theta=float("nan")), "rope_theta"),
+    (dict(num_hidden_layers=10**12), "num_hidden_layers"),        # before any per-layer table
+    (dict(eos_token_id="x"), "eos_token_id"),
+    (dict(eos_token_id=[1, -2]), "eos_token_id"),
+    (dict(bos_token_id=1.5), "bos_token_id"),
+    (dict(rope_scaling=dict(_LLAMA3, low_freq_factor=0)), "low_freq_factor"),
+    (dict(rope_scaling=dict(_LLAMA3, factor=-8)), "factor"),
+    (dict(rope_scaling=dict(_LLAMA3, high_freq_factor=1.0)), "high_freq_factor"),
+])
+def test_config_values_are_checked(ckpt, tmp_path, changes, word):
+    p = _copy(ckpt, tmp_path)
+    if word.endswith("token_id"):          # generation_config.json's win over config.json's
+        gen = json.loads((p / "generation_config.json").read_text())
+        (p / "generation_config.json").write_text(json.dumps(dict(gen, **changes)))
+    else:
+        _edit_config(p, **changes)
+    with pytest.raises(ValueError, match=word):
+        load_model(p)
+
+
+def test_sliding_layer_fields_are_checked():
+    from pagedcy.models import ModelConfig
+    base = dict(architectures=["Qwen2ForCausalLM"], hidden_size=32, num_attention_heads=4,
+                num_hidden_layers=2, vocab_size=64, intermediate_size=64, use_sliding_window=True,
+                sliding_window=8)
+    cfg = ModelConfig.from_dict(dict(base, layer_types=["full_attention", "sliding_attention"]))
+    assert cfg.sliding_layers == (False, True)
+    for bad in (dict(layer_types=["full_attention", "bogus"]), dict(layer_types=5),
+                dict(max_window_layers="x"), dict(use_sliding_window="true")):
+        with pytest.raises(ValueError):
+            ModelConfig.from_dict(dict(base, **bad))
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json"])
+def test_json_nested_past_the_parser_is_value_error(ckpt, tmp_path, name):
+    p = _copy(ckpt, tmp_path)
+    (p / name).write_text("[" * 100_000)
+    with pytest.raises(ValueError, match="JSON"):
+        load_model(p)
+
+
 def _resave(path, drop=None, reshape=None):
     from safetensors.numpy import load_file, save_file
 
@@ -209,6 +260,15 @@ def test_sharded_index_errors(ckpt, tmp_path):
         load_model(p)
     (p / "model.safetensors.index.json").write_text("[]")
     with pytest.raises(ValueError, match="index"):
+        load_model(p)
+    # a shard that exists but lacks the tensor the index sends there
+    from safetensors.numpy import load_file, save_file
+    names = list(load_file(p / "model-00001-of-00001.safetensors"))
+    save_file({"unused": np.zeros(1, np.float32)}, p / "model-00002-of-00002.safetensors")
+    weight_map = {n: "model-00001-of-00001.safetensors" for n in names}
+    weight_map["model.norm.weight"] = "model-00002-of-00002.safetensors"
+    (p / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(ValueError, match="model.norm.weight"):
         load_model(p)
 
 

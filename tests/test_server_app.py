@@ -515,3 +515,32 @@ def test_engine_options_take_every_kv_dtype(kv_dtype):
     assert engine_kwargs(p.parse_args(["--kv-dtype", kv_dtype]))["kv_dtype"] == kv_dtype
     with pytest.raises(SystemExit):
         p.parse_args(["--kv-dtype", "int4"])
+
+
+def test_abort_ends_that_requests_stream():
+    # AsyncEngine.abort(request_id) used to drop the stream without a last item, so the
+    # request's generate() waited forever.
+    from engine_helpers import ToyModel
+    from pagedcy.engine import LLMEngine, SamplingParams
+    from pagedcy.server.async_engine import Aborted, AsyncEngine
+
+    async def main():
+        ae = AsyncEngine(LLMEngine.from_model(ToyModel(), page_size=4, kv_cache_pages=64))
+        ae.start()
+        try:
+            items = []
+
+            async def consume():
+                async for out in ae.generate("r1", {"prompt_token_ids": [1, 2, 3]},
+                                             SamplingParams(temperature=0.0, max_tokens=200)):
+                    items.append(out)
+                    if len(items) == 1:
+                        ae.abort("r1")
+
+            await asyncio.wait_for(consume(), 30)
+            assert isinstance(items[-1], Aborted) and items[-1].request_id == "r1"
+            assert not ae.engine.has_unfinished_requests()
+        finally:
+            ae.shutdown()
+
+    asyncio.run(main())

@@ -402,3 +402,43 @@ def test_page_lists_read_while_appends_grow_the_table_and_free_list():
         t.join(120)
     assert not any(t.is_alive() for t in threads) and not errors, errors[:1]
     assert cache.num_pages() == cfg.max_pages
+
+
+# -- the manager ---------------------------------------------------------------------------
+
+def test_block_table_never_returns_a_copy_of_older_blocks():
+    # the deterministic half of the race above: a cached copy of a replaced list is ignored
+    from pagedcy import AllocationRequest, PagedKVCacheManager
+    m = PagedKVCacheManager(PagedKVCacheConfig(1, 8, 1, 1, 4))
+    h = m.allocate(AllocationRequest("a", 2))
+    stale = h.block_table()
+    m.extend(h, 1)
+    h._table = (list(stale.tolist()), stale)          # what a racing reader used to store
+    assert h.block_table().tolist() == list(h._blocks) and len(h.block_table()) == 3
+
+
+def test_pressure_callbacks_run_under_the_manager_lock():
+    # Levels used to be computed under the lock and delivered after it, so two threads'
+    # levels could arrive in the wrong order (the last callback then disagreed with
+    # check_pressure(), seen in 4 of 5 stress runs). Under the lock they arrive in order.
+    from pagedcy import AllocationRequest, PagedKVCacheManager
+    m = PagedKVCacheManager(PagedKVCacheConfig(1, 4, 1, 1, 4), high_watermark=0.5,
+                            critical_watermark=1.0)
+    seen = []
+
+    def callback(new, old):
+        got = []
+        t = threading.Thread(target=lambda: got.append(m._lock.acquire(blocking=False)))
+        t.start()
+        t.join()
+        if got[0]:
+            m._lock.release()
+        seen.append((new, got[0]))
+        m.stats()                                  # re-entrant: the callback may use the manager
+
+    m.set_pressure_callback(callback)
+    a = m.allocate(AllocationRequest("a", 1))
+    b = m.allocate(AllocationRequest("b", 1))      # 2 of 4 pages: HIGH
+    m.deallocate(b)
+    m.deallocate(a)
+    assert [lvl for lvl, _ in seen] == [1, 0] and not any(free for _, free in seen)

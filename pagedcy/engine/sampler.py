@@ -115,7 +115,12 @@ def draw(p, u):
 def sample_row(row, params, rng):
     """One token drawn from logits ``row`` float32 ``[vocab]`` under ``params``
     (temperature > 0) with ``rng`` (numpy Generator): an int. The same row, parameters
-    and generator state always give the same token."""
+    and generator state always give the same token. Non-finite logits (a broken
+    checkpoint) still give a token: NaN counts as impossible, +inf as certain."""
+    if not np.isfinite(row.max()) or not np.isfinite(row.min()):    # one pass, NaN included
+        row = np.nan_to_num(row, nan=-np.inf, neginf=-np.inf, posinf=np.finfo(np.float32).max)
+        if not np.isfinite(row.max()):                                 # every logit NaN or -inf
+            return 0
     ids, p = candidates(row, params)
     j = draw(p, rng.random())
     return int(ids[j]) if ids is not None else j

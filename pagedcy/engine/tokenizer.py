@@ -4,8 +4,9 @@ incremental detokenization of generated tokens.
 ``tokenizers`` is imported only when a tokenizer is loaded, so ``import pagedcy`` stays
 NumPy-only.
 """
-import json
 import os
+
+from pagedcy._validate import read_json_object
 
 __all__ = ["Tokenizer", "IncrementalDetokenizer", "load_tokenizer"]
 
@@ -82,13 +83,7 @@ def load_tokenizer(model_dir):
     config = None
     cfg_path = os.path.join(model_dir, "tokenizer_config.json")
     if os.path.isfile(cfg_path):
-        try:
-            with open(cfg_path, encoding="utf-8") as f:
-                config = json.load(f)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read {cfg_path}: {e}") from None
-        if not isinstance(config, dict):
-            raise ValueError(f"{cfg_path} is not a JSON object")
+        config = read_json_object(cfg_path)
     return Tokenizer(path, config)
 
 

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import os
+
+from pagedcy._validate import read_json_object
 
 __all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "SUPPORTED_ROPE_TYPES"]
 
@@ -59,9 +61,9 @@ class ModelConfig:
         cfg_path = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_path):
             raise FileNotFoundError(f"no config.json in {os.fspath(path)!r}")
-        raw = _read_json(cfg_path)
+        raw = read_json_object(cfg_path)
         gen_path = os.path.join(path, "generation_config.json")
-        gen = _read_json(gen_path) if os.path.isfile(gen_path) else {}
+        gen = read_json_object(gen_path) if os.path.isfile(gen_path) else {}
         return cls.from_dict(raw, gen)
 
     @classmethod
@@ -82,30 +84,31 @@ class ModelConfig:
                              f"num_key_value_heads ({kv_heads})")
         if head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {head_dim}")
-        layers = _int(raw, "num_hidden_layers")
+        layers = _int(raw, "num_hidden_layers", upper=MAX_LAYERS)
         act = raw.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise ValueError(f"unsupported hidden_act {act!r}; supported: silu")
         theta, scaling = _rope(raw)
         window, sliding = _sliding(raw, arch, layers)
-        bias = bool(raw.get("attention_bias", False))
+        bias = _bool(raw, "attention_bias")
         gen = generation or {}
         eos = gen.get("eos_token_id", raw.get("eos_token_id"))
-        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None)
+        eos_ids = tuple(_token_id(e, "eos_token_id")
+                        for e in (eos if isinstance(eos, list) else [eos]) if e is not None)
         bos = gen.get("bos_token_id", raw.get("bos_token_id"))
         return cls(
             architecture=arch, vocab_size=_int(raw, "vocab_size"), hidden_size=hidden,
             num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
             intermediate_size=_int(raw, "intermediate_size"),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=theta,
+            rms_norm_eps=_positive_float(raw, "rms_norm_eps", 1e-6), rope_theta=theta,
             rope_scaling=scaling,
             max_position_embeddings=_int(raw, "max_position_embeddings", 2048),
-            sliding_window=window, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            sliding_window=window, tie_word_embeddings=_bool(raw, "tie_word_embeddings"),
             attention_bias=(arch == "Qwen2ForCausalLM") or (bias and arch != "MistralForCausalLM"),
             qk_norm=arch == "Qwen3ForCausalLM",
-            bos_token_id=None if bos is None else int(bos), eos_token_ids=eos_ids,
+            bos_token_id=None if bos is None else _token_id(bos, "bos_token_id"), eos_token_ids=eos_ids,
             o_proj_bias=bias and arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"),
-            mlp_bias=bool(raw.get("mlp_bias", False)) and arch == "LlamaForCausalLM",
+            mlp_bias=_bool(raw, "mlp_bias") and arch == "LlamaForCausalLM",
             sliding_layers=sliding)
 
     def num_parameters(self) -> int:
@@ -121,21 +124,40 @@ class ModelConfig:
         return self.num_layers * per_layer + emb + h
 
 
-def _read_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object")
-    return data
+#: More layers than any checkpoint has: a config asking for more is refused before
+#: per-layer tables are built (10**9 layers took 8 GB before a tensor was checked).
+MAX_LAYERS = 1 << 16
 
 
-def _int(raw, key, default=None):
+def _int(raw, key, default=None, upper=None):
     v = raw.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"config.json field {key!r} must be a positive integer, got {v!r}")
+    if upper is not None and v > upper:
+        raise ValueError(f"config.json field {key!r} is {v}, more than {upper}")
+    return v
+
+
+def _positive_float(raw, key, default):
+    v = raw.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"config.json field {key!r} must be a positive finite number, got {v!r}")
+    return float(v)
+
+
+def _bool(raw, key, default=False):
+    # JSON true/false only: bool("false") is True, which once silently untied embeddings
+    v = raw.get(key, default)
+    if v is None:                  # null: unset, as transformers reads it
+        return default
+    if not isinstance(v, bool):
+        raise ValueError(f"config.json field {key!r} must be true or false, got {v!r}")
+    return v
+
+
+def _token_id(v, key):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{key} must be a non-negative integer (or a list of them), got {v!r}")
     return v
 
 
@@ -151,7 +173,8 @@ def _rope(raw):
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"unsupported rope_scaling type {rope_type!r}; "
                          f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    theta = _positive_float({"rope_theta": params.get("rope_theta", raw.get("rope_theta", 10000.0))},
+                            "rope_theta", None)
     if float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
         raise ValueError("partial_rotary_factor != 1 is not supported")
     if rope_type == "default":
@@ -160,8 +183,11 @@ def _rope(raw):
     scaling["rope_type"] = rope_type
     scaling.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings"))
     for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
-        if not isinstance(scaling.get(key), (int, float)) or isinstance(scaling.get(key), bool):
-            raise ValueError(f"rope_scaling type 'llama3' needs a number {key!r}")
+        v = scaling.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"rope_scaling type 'llama3' needs a positive number {key!r}, got {v!r}")
+    if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:    # the smoothing divides by it
+        raise ValueError("rope_scaling 'high_freq_factor' must exceed 'low_freq_factor'")
     return theta, scaling
 
 
@@ -170,7 +196,7 @@ def _sliding(raw, arch, layers):
     window = raw.get("sliding_window")
     if arch == "LlamaForCausalLM":
         return None, (False,) * layers
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and not raw.get("use_sliding_window", False):
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and not _bool(raw, "use_sliding_window"):
         window = None
     if window is None:
         return None, (False,) * layers
@@ -180,7 +206,14 @@ def _sliding(raw, arch, layers):
     types = raw.get("layer_types")
     if types is None:
         first = raw.get("max_window_layers", 28)
+        if isinstance(first, bool) or not isinstance(first, int):
+            raise ValueError(f"config.json field 'max_window_layers' must be an integer, got {first!r}")
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or any(t not in _LAYER_TYPES for t in types):
+        raise ValueError(f"config.json field 'layer_types' must be a list of {_LAYER_TYPES}")
     if len(types) != layers:
         raise ValueError(f"layer_types has {len(types)} entries for {layers} layers")
     return window, tuple(t == "sliding_attention" for t in types)
+
+
+_LAYER_TYPES = ("full_attention", "sliding_attention")

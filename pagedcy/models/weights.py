@@ -6,10 +6,11 @@ through ``safetensors.deserialize`` as raw bytes and widened by a 16-bit shift.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
+
+from pagedcy._validate import read_json_object
 
 __all__ = ["CheckpointReader", "bf16_bits_to_f32"]
 
@@ -57,12 +58,11 @@ class CheckpointReader:
         if not os.path.isfile(index):
             raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in "
                                     f"{self.path!r}")
-        try:
-            with open(index, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-            files = {str(k): os.path.join(self.path, str(v)) for k, v in weight_map.items()}
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{index} is not a valid safetensors index: {e!r}") from None
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError(f"{index} is not a valid safetensors index: 'weight_map' must map "
+                             f"tensor names to file names")
+        files = {str(k): os.path.join(self.path, v) for k, v in weight_map.items()}
         for shard in sorted(set(files.values())):
             if not os.path.isfile(shard):
                 raise FileNotFoundError(f"shard {shard!r} named by {index} is missing")
@@ -71,6 +71,8 @@ class CheckpointReader:
     def _open(self, file):
         h = self._handles.get(file)
         if h is None:
+            with open(file, "rb"):  # PermissionError and the like as themselves, not "corrupt"
+                pass
             try:
                 h = self._safe_open(file, framework="numpy")
             except Exception as e:  # SafetensorError is not exported as a stable class
@@ -92,7 +94,13 @@ class CheckpointReader:
     def _slice(self, name):
         if name not in self._files:
             raise ValueError(f"tensor {name!r} is missing from the checkpoint in {self.path!r}")
-        return self._open(self._files[name]).get_slice(name)
+        file = self._files[name]
+        try:
+            return self._open(file).get_slice(name)
+        except ValueError:
+            raise
+        except Exception as e:     # SafetensorError: an index naming the wrong shard
+            raise ValueError(f"tensor {name!r} cannot be read from {file!r}: {e}") from None
 
     def get(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """Tensor ``name`` as a float32 array, checked against ``shape`` when given."""

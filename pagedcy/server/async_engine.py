@@ -24,8 +24,8 @@ _ADD, _ABORT, _ABORT_ALL, _STOP = "add", "abort", "abort_all", "stop"
 
 @dataclass(frozen=True)
 class Aborted:
-    """The last item of a request the server aborted (shutdown): it finished with reason
-    "abort", and its text is what the consumer last received."""
+    """The last item of a request the server aborted (shutdown or :meth:`AsyncEngine.abort`):
+    it finished with reason "abort", and its text is what the consumer last received."""
     request_id: str
     finished: bool = True
 
@@ -79,7 +79,7 @@ class AsyncEngine:
 
     async def generate(self, request_id: str, prompt: Any, params) -> AsyncGenerator[Any, None]:
         """Submit a request and yield its cumulative ``RequestOutput`` s until it finishes
-        (or an :class:`Aborted` when the server stops).
+        (or an :class:`Aborted` when the server stops or :meth:`abort` ends it).
 
         Raises ``APIError`` 400 if the engine refuses the request, 503 if the waiting queue is
         full or the server is stopping. Closing the generator early aborts the request.
@@ -158,8 +158,11 @@ class AsyncEngine:
             else:
                 self._streams[stream.request_id] = stream
         elif kind == _ABORT:
-            if self._streams.pop(cmd[1], None) is not None:
+            stream = self._streams.pop(cmd[1], None)
+            if stream is not None:
                 self.engine.abort_request(cmd[1])
+                # its generate() may still be waiting (abort() from elsewhere): end it
+                batch.append((stream, Aborted(cmd[1])))
         elif kind == _ABORT_ALL:
             self._abort_all(batch)
         elif kind == _STOP:

@@ -14,6 +14,8 @@ import os
 from datetime import datetime
 from typing import Any, Optional
 
+from pagedcy._validate import read_json_object
+
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
                  "mask_token")
 
@@ -78,8 +80,7 @@ class ChatTemplate:
         config: dict[str, Any] = {}
         path = os.path.join(os.fspath(model_dir), "tokenizer_config.json")
         if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                config = json.load(f)
+            config = read_json_object(path)
         source = _pick_template(config.get("chat_template"))
         jinja_path = os.path.join(os.fspath(model_dir), "chat_template.jinja")
         if source is None and os.path.isfile(jinja_path):

@@ -14,6 +14,7 @@ import socket
 import sys
 
 from pagedcy.server.auth import API_KEY_ENV, resolve_api_key
+from pagedcy.tools._argtypes import port_number
 
 logger = logging.getLogger("pagedcy.server")
 
@@ -51,7 +52,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     """The ``serve`` subcommand's options."""
     p.add_argument("--model", required=True, help="checkpoint directory")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port_number, default=8000)
     p.add_argument("--served-model-name", default=None,
                    help="name clients use in 'model' (default: the --model path)")
     p.add_argument("--api-key", default=None,

@@ -27,7 +27,7 @@ class PagedKVCacheHandle:
         self._page_size = page_size
         self.request_id = request_id
         self._blocks = []          # physical page ids, logical order
-        self._table = None         # cached read-only int32 copy of _blocks
+        self._table = None         # (the _blocks list it copies, read-only int32 copy)
         self._num_tokens = 0
         self._cached = 0
         self._max_len = max_len
@@ -41,6 +41,7 @@ class PagedKVCacheHandle:
             raise ValueError(f"handle {self.request_id!r} was deallocated")
 
     def _set_blocks(self, blocks):
+        # always a new list: block_table() tells a cached copy's list by identity
         self._blocks = blocks
         self._table = None
 
@@ -72,11 +73,15 @@ class PagedKVCacheHandle:
     def block_table(self):
         """The physical page ids in logical order: read-only int32 ``[num_blocks()]``
         (empty while swapped out). A new array after every change; never mutated."""
-        t = self._table
-        if t is None:
-            t = np.array(self._blocks, dtype=np.int32)
-            t.flags.writeable = False
-            self._table = t
+        # No lock: the cached copy is tagged with the list it copies, so a reader that
+        # races a change (another thread's extend or copy-on-write) cannot leave a stale
+        # table behind (one did, and a step then wrote into another sequence's page 0).
+        blocks, cached = self._blocks, self._table
+        if cached is not None and cached[0] is blocks:
+            return cached[1]
+        t = np.array(blocks, dtype=np.int32)
+        t.flags.writeable = False
+        self._table = (blocks, t)
         return t
 
     def ref_count(self):

@@ -174,14 +174,16 @@ class PagedKVCacheManager:
 
     def set_pressure_callback(self, fn):
         """Call ``fn(new_level, old_level)`` whenever an operation changes the pressure
-        level (called outside the manager lock, from the thread that changed it).
-        ``None`` removes it."""
+        level, from the thread that changed it, under the manager's (re-entrant) lock so
+        that levels arrive in the order they happened: ``fn`` may call the manager, and
+        should be quick. ``None`` removes it."""
         self._pressure.set_callback(fn)
 
     def _notify(self):
+        # update inside the lock: computed outside, two threads' levels could land in the
+        # wrong order and leave the last callback disagreeing with check_pressure()
         with self._lock:
-            used = self._alloc.used()
-        self._pressure.update(used / self._alloc.total)
+            self._pressure.update(self._alloc.used() / self._alloc.total)
 
     # -- prefix cache -------------------------------------------------------------
     def cached_page_hashes(self):

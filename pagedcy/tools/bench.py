@@ -23,6 +23,7 @@ from pagedcy._libs._attention import (_batch_paged_attention_tuned, batch_paged_
 from pagedcy._libs._threads import simd_path
 from pagedcy._libs._bandwidth import page_read_bandwidth, read_bandwidth
 from pagedcy.tools.info import cpu_description, huge_pages
+from pagedcy.tools._argtypes import positive_int
 from pagedcy.tools._progress import Progress
 from pagedcy._libs._pool import aligned_zeros
 from pagedcy import dtypes as _dtypes
@@ -367,20 +368,13 @@ def blas_description():
                      f"{i.get('num_threads')} threads" for i in libs) or "none found"
 
 
-def _positive(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def main(argv=None):
     """Run the benchmark and print one table; returns the list of result rows."""
     ap = argparse.ArgumentParser(prog="python -m pagedcy bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (CI smoke run)")
-    ap.add_argument("--threads", type=_positive, default=2,
+    ap.add_argument("--threads", type=positive_int, default=2,
                     help="thread count of the multi-threaded cases")
-    ap.add_argument("--repeats", type=_positive, default=7,
+    ap.add_argument("--repeats", type=positive_int, default=7,
                     help="at least this many interleaved rounds (best time reported)")
     ap.add_argument("--seconds", type=float, default=None,
                     help="keep running rounds for at least this long (default 20, --quick 1)")

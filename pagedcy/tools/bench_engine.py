@@ -14,6 +14,8 @@ import json
 import os
 import platform
 
+from pagedcy.tools._argtypes import positive_int
+
 # the variables that change how fast a run is: thread pools, wait policies, BLAS kernels
 ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "OPENBLAS_", "MKL_", "PAGEDCY_", "GOTO", "BLIS_")
 
@@ -370,7 +372,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m pagedcy bench --engine",
                                  description="pagedcy's engine against transformers and llama.cpp")
     ap.add_argument("--quick", action="store_true", help="small workloads (a smoke run)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--model-dir", default=None,
                     help="checkpoint to use (default: the random 55M Llama, written once under "
                          "~/.cache/pagedcy-bench)")

@@ -2,6 +2,8 @@
 import argparse
 import sys
 
+from pagedcy.tools._argtypes import positive_int
+
 
 def _info(args):
     from pagedcy import show_config
@@ -31,10 +33,10 @@ def main(argv=None):
     sub.add_parser("info", help="print the build configuration (show_config)")
     demo = sub.add_parser("demo", help="serve a batch of requests with a small random Llama "
                                        "(continuous batching) and print a summary")
-    demo.add_argument("--requests", type=int, default=None,
+    demo.add_argument("--requests", type=positive_int, default=None,
                       help="number of requests (default 200; 48 with --quick)")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--threads", type=int, default=None,
+    demo.add_argument("--threads", type=positive_int, default=None,
                       help="threads of the model's kernels (default: PAGEDCY_NUM_THREADS or "
                            "the OpenMP default)")
     demo.add_argument("--quick", action="store_true", help="a smaller model and run (for CI)")
@@ -50,7 +52,7 @@ def main(argv=None):
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", default=None,
                      help="a stop string (repeat for several)")
-    gen.add_argument("--threads", type=int, default=None)
+    gen.add_argument("--threads", type=positive_int, default=None)
     gen.add_argument("--verbose", action="store_true",
                      help="print the token count and finish reason to stderr")
     bench = sub.add_parser("bench", help="run the headline attention benchmarks", add_help=False)
@@ -58,6 +60,16 @@ def main(argv=None):
     from pagedcy.server.launch import add_serve_arguments
     add_serve_arguments(sub.add_parser("serve", help="run the OpenAI-compatible server"))
     argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _dispatch(parser, argv)
+    except (ValueError, TypeError, OSError, MemoryError) as e:
+        # a user's mistake (options, a checkpoint, a file): one line, not a traceback;
+        # anything else is a bug and keeps its traceback
+        print(f"python -m pagedcy {argv[0] if argv else ''}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(parser, argv):
     if argv[:1] == ["bench"] and "--serve" in argv:
         from pagedcy.tools.bench_serve import main as bench_serve_main
         return bench_serve_main([a for a in argv[1:] if a != "--serve"])
