@@ -420,6 +420,36 @@ def test_step_without_work_returns_nothing():
     assert eng.step() == [] and not eng.has_unfinished_requests()
 
 
+@pytest.mark.parametrize("fault", ["short logits", "not an array", "interrupt while sampling"])
+def test_a_failure_after_the_forward_leaves_the_engine_consistent(fault, monkeypatch):
+    # bad logits from a from_model() model, or Ctrl-C while sampling: the step used to be
+    # half counted (KV committed, no token) and every later step failed
+    from pagedcy.engine import sampler
+    model = ToyModel()
+    prompts = random_prompts(14, 3)
+    eng = make(model)
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, GREEDY)
+    eng.step()
+    real, greedy = model.forward, sampler.greedy
+    if fault == "short logits":
+        model.forward = lambda *a: real(*a)[:-1]
+    elif fault == "not an array":
+        model.forward = lambda *a: real(*a).tolist()
+    else:
+        def interrupted(*a):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(sampler, "greedy", interrupted)
+    with pytest.raises(KeyboardInterrupt if fault.startswith("interrupt") else (ValueError, TypeError)):
+        eng.step()
+    model.forward = real
+    monkeypatch.setattr(sampler, "greedy", greedy)
+    final = run(eng, [])
+    for i, p in enumerate(prompts):
+        assert final[str(i)].outputs[0].token_ids == model.reference_greedy(p, 12)
+    assert_no_leak(eng)
+
+
 def test_a_failed_forward_leaves_the_engine_consistent():
     model = ToyModel()
     prompts = random_prompts(13, 3)

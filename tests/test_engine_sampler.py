@@ -94,6 +94,23 @@ def test_same_generator_state_gives_the_same_token():
     assert a == b and len(set(a)) > 1
 
 
+def test_draw_never_picks_a_removed_token():
+    # float32 block sums against a float64 running sum: a target in the gap used to run
+    # past a block's last candidate onto a token min_p had removed (p = 0)
+    params = SamplingParams(temperature=1.0, min_p=0.1)
+    row = np.random.default_rng(274).uniform(-2.3, 0, 2048).astype(np.float32)
+    row[255::256] = -10.0
+
+    class Fixed:
+        def random(self):
+            return 0.7532205668228442
+
+    ids, p = sampler.candidates(row, params)
+    tok = sampler.sample_row(row, params, Fixed())
+    pos = tok if ids is None else int(np.flatnonzero(ids == tok)[0])
+    assert p[pos] > 0
+
+
 def test_non_finite_logits_give_a_token():
     rng = np.random.default_rng(0)
     for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.5, top_k=4)):

@@ -302,6 +302,12 @@ def test_forward_bad_input_writes_nothing(ckpt):
                   block_tables=np.zeros((2, 1), np.int32)), ValueError),
         (ids, bad(block_tables=good["block_tables"][:, :1]), ValueError),
         (ids, bad(block_tables=good["block_tables"] + 100), IndexError),
+        # slots in the pool but not where the block table puts the positions: another
+        # sequence's page (this used to write there)
+        (ids, bad(slot_pages=np.full(5, 7, np.int32)), ValueError),
+        (ids, bad(slot_offsets=(good["slot_offsets"] + 1) % 4), ValueError),
+        (ids, None, TypeError),
+        (ids, types.SimpleNamespace(positions=good["positions"]), TypeError),
     ]
     for tok, sl, exc in cases:
         with pytest.raises(exc):

@@ -201,12 +201,15 @@ class LLMEngine:
         t1 = time.perf_counter()
         try:
             logits = self.model.forward(mgr.store.pages(), token_ids, slots)
+            self._timers["forward"] += time.perf_counter() - t1
+            picks = self._sample(batch, self._check_logits(logits, len(batch)))
         except BaseException:
-            sched.rollback(batch)   # nothing counted: the step can run again
+            # nothing counted yet (a bad forward, bad logits, an interrupt while sampling):
+            # the step can run again
+            sched.rollback(batch)
             raise
-        self._timers["forward"] += time.perf_counter() - t1
         mgr.commit_step(handles, q_lens)
-        outputs = self._process(batch, logits)
+        outputs = self._apply(batch, picks)
         c = self._counters
         c["num_steps"] += 1
         c["prompt_tokens"] += int(token_ids.shape[0]) - batch.num_decodes
@@ -214,24 +217,35 @@ class LLMEngine:
         self._timers[kind] += time.perf_counter() - t0
         return outputs
 
-    def _process(self, batch, logits):
-        """Advance the sequences, sample where a prompt or decode row is complete, fork
-        siblings, check stops; returns the outputs."""
+    def _check_logits(self, logits, batch_size):
+        """The forward's result as float32 ``[batch_size, vocab_size]`` (a model passed to
+        from_model may return anything); TypeError/ValueError before the step counts."""
+        if not isinstance(logits, np.ndarray) or logits.dtype.kind != "f":
+            raise TypeError(f"the model's forward must return a float array, got "
+                            f"{type(logits).__name__}{getattr(logits, 'dtype', '')}")
+        want = (batch_size, self.model_config.vocab_size)
+        if logits.shape != want:
+            raise ValueError(f"the model's forward returned logits of shape {logits.shape}, "
+                             f"expected {want}")
+        return logits if logits.dtype == np.float32 else logits.astype(np.float32)
+
+    def _sample(self, batch, logits):
+        """The tokens of the sequences whose prompt or decode row completes this step, fork
+        siblings included: [(seq, token, logprobs)]. Changes no sequence, so a failure or an
+        interrupt here leaves the step to be rolled back."""
         rows, seqs = [], []
         for b, (seq, q) in enumerate(zip(batch.seqs, batch.q_lens.tolist())):
-            seq.num_computed += q
-            if seq.num_computed == seq.total_len():
+            if seq.num_computed + q == seq.total_len():
                 rows.append(b)
                 seqs.append(seq)
                 if seq.index == 0 and not seq.output and seq.request.params.n > 1:
-                    self._fork_siblings(seq, b, rows, seqs)
-        if not rows:
-            return []
+                    sibs = self._pending_siblings(seq)
+                    rows += [b] * len(sibs)          # siblings draw from their parent's row
+                    seqs += sibs
         greedy_rows = [i for i, s in enumerate(seqs) if s.rng is None]
-        best = sampler.greedy(logits, [rows[i] for i in greedy_rows]).tolist() \
-            if greedy_rows else []
-        best = dict(zip(greedy_rows, best))
-        touched = {}
+        best = dict(zip(greedy_rows, sampler.greedy(logits, [rows[i] for i in greedy_rows]).tolist()
+                        if greedy_rows else []))
+        picks = []
         for i, (b, seq) in enumerate(zip(rows, seqs)):
             params = seq.request.params
             tok = best.get(i)
@@ -239,11 +253,24 @@ class LLMEngine:
                 tok = sampler.sample_row(logits[b], params, seq.rng)
             lp = None if params.logprobs is None else \
                 sampler.token_logprobs(logits[b], tok, params.logprobs)
+            picks.append((seq, tok, lp))
+        return picks
+
+    def _apply(self, batch, picks):
+        """Advance the sequences, fork siblings, append the sampled tokens and check stops;
+        returns the outputs."""
+        for seq, q in zip(batch.seqs, batch.q_lens.tolist()):
+            seq.num_computed += q
+        for seq, _, _ in picks:           # before any token: a parent may finish on its first
+            if seq.status == SeqStatus.FORK_PENDING:
+                self._fork(seq)
+        touched = {}
+        for seq, tok, lp in picks:
             seq.append_token(tok, lp)
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
             touched[seq.request.request_id] = seq.request
-        self._counters["generation_tokens"] += len(rows)
+        self._counters["generation_tokens"] += len(picks)
         self.scheduler.drop_finished()
         outputs = []
         for rid, req in touched.items():
@@ -253,17 +280,17 @@ class LLMEngine:
             outputs.append(out)
         return outputs
 
-    def _fork_siblings(self, seq, row, rows, seqs):
-        """Completions 1..n-1 share completion 0's prompt pages (copy-on-write) and draw
-        their first token from the same logits row."""
-        for sib in seq.request.seqs[1:]:
-            if sib.status != SeqStatus.FORK_PENDING:
-                continue
-            sib.handle = self.manager.fork(seq.handle, sib.seq_id)
-            sib.num_computed = seq.num_computed
-            self.scheduler.add_running(sib)
-            rows.append(row)
-            seqs.append(sib)
+    @staticmethod
+    def _pending_siblings(seq):
+        return [s for s in seq.request.seqs[1:] if s.status == SeqStatus.FORK_PENDING]
+
+    def _fork(self, sib):
+        """Completion ``sib`` (1..n-1) starts sharing completion 0's prompt pages
+        (copy-on-write), just as 0 gets its first token."""
+        parent = sib.request.seqs[0]
+        sib.handle = self.manager.fork(parent.handle, sib.seq_id)
+        sib.num_computed = parent.num_computed
+        self.scheduler.add_running(sib)
 
     # -- introspection ---------------------------------------------------------------------------
     def stats(self):

@@ -109,6 +109,10 @@ def draw(p, u):
     cdf = np.cumsum(seg, dtype=np.float64)
     cdf += bcdf[b - 1] if b else 0.0
     j = min(int(np.searchsorted(cdf, target, side="right")), seg.shape[0] - 1)
+    # the block sums are float32 and this running sum float64: a target in the rounding gap
+    # between them runs past the block's last candidate, onto a token min_p/top-k removed
+    while j > 0 and seg[j] == 0.0:
+        j -= 1
     return b * _BLOCK + j
 
 

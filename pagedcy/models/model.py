@@ -20,6 +20,7 @@ __all__ = ["CausalLM"]
 
 # Positions past this are refused rather than growing the RoPE tables without bound.
 MAX_POSITION = 1 << 24
+_SLOT_FIELDS = ("positions", "slot_pages", "slot_offsets", "qo_indptr", "kv_lens", "block_tables")
 
 
 class CausalLM:
@@ -58,6 +59,10 @@ class CausalLM:
 
     def _check(self, token_ids, slots):
         """Validate one step's inputs; returns them as int32 C-contiguous arrays."""
+        missing = [f for f in _SLOT_FIELDS if not hasattr(slots, f)]
+        if missing:
+            raise TypeError(f"slots must be a StepSlots (prepare_step's result); "
+                            f"{type(slots).__name__} has no {', '.join(missing)}")
         ids = int32_array(token_ids, "token_ids", (-1,))
         n = ids.shape[0]
         if n == 0:
@@ -85,9 +90,10 @@ class CausalLM:
         return ids, pos, pages, offs, indptr, lens, tables
 
     @staticmethod
-    def _check_pages(kv_pages, pages, offs, lens, tables):
+    def _check_pages(kv_pages, pages, offs, lens, tables, pos, indptr):
         """Every slot and every block-table entry the kernel will read is a page of the pool,
-        checked before anything is written."""
+        and each token's slot is where its sequence's block table puts its position (else
+        its K/V would land in another sequence's page), checked before anything is written."""
         ps, maxp = kv_pages.shape[3], kv_pages.shape[0]
         if pages.min() < 0 or pages.max() >= maxp or offs.min() < 0 or offs.max() >= ps:
             raise IndexError(f"slot pages must be in [0, {maxp}) and offsets in [0, {ps})")
@@ -97,6 +103,11 @@ class CausalLM:
         used = tables[np.arange(tables.shape[1]) < need[:, None]]
         if used.min() < 0 or used.max() >= maxp:
             raise IndexError(f"block_tables hold page ids outside [0, {maxp})")
+        seq = np.repeat(np.arange(lens.shape[0]), np.diff(indptr))
+        if np.any(tables[seq, pos // ps] != pages) or np.any(pos % ps != offs):
+            raise ValueError("slot_pages/slot_offsets must be each token's page and offset in "
+                             "its sequence's block table (block_tables[b, pos // page_size], "
+                             "pos % page_size)")
 
     def _embed_rows(self, ids, out):
         table = self._embed if self._embed is not None else self._lm_head
@@ -112,7 +123,7 @@ class CausalLM:
         (nothing is written when the slots or token ids are invalid)."""
         ids, pos, pages, offs, indptr, lens, tables = self._check(token_ids, slots)
         store = self._pages.store_for(kv_pages)
-        self._check_pages(kv_pages, pages, offs, lens, tables)
+        self._check_pages(kv_pages, pages, offs, lens, tables, pos, indptr)
         n, b = ids.shape[0], lens.shape[0]
         c, ws, nt = self.config, self._ws, self._nt
         ws.ensure(n, b)
