@@ -420,10 +420,12 @@ def test_step_without_work_returns_nothing():
     assert eng.step() == [] and not eng.has_unfinished_requests()
 
 
-@pytest.mark.parametrize("fault", ["short logits", "not an array", "interrupt while sampling"])
-def test_a_failure_after_the_forward_leaves_the_engine_consistent(fault, monkeypatch):
-    # bad logits from a from_model() model, or Ctrl-C while sampling: the step used to be
-    # half counted (KV committed, no token) and every later step failed
+@pytest.mark.parametrize("fault", ["interrupt in the forward", "short logits", "not an array",
+                                   "interrupt while sampling"])
+def test_a_failed_step_leaves_the_engine_consistent(fault, monkeypatch):
+    # Ctrl-C in the forward, bad logits from a from_model() model, or Ctrl-C while sampling:
+    # the last two used to leave the step half counted (KV committed, no token) and every
+    # later step failed
     from pagedcy.engine import sampler
     model = ToyModel()
     prompts = random_prompts(14, 3)
@@ -432,39 +434,21 @@ def test_a_failure_after_the_forward_leaves_the_engine_consistent(fault, monkeyp
         eng.add_request(str(i), p, GREEDY)
     eng.step()
     real, greedy = model.forward, sampler.greedy
-    if fault == "short logits":
+    def interrupted(*a):
+        raise KeyboardInterrupt
+
+    if fault == "interrupt in the forward":
+        model.forward = interrupted
+    elif fault == "short logits":
         model.forward = lambda *a: real(*a)[:-1]
     elif fault == "not an array":
         model.forward = lambda *a: real(*a).tolist()
     else:
-        def interrupted(*a):
-            raise KeyboardInterrupt
         monkeypatch.setattr(sampler, "greedy", interrupted)
     with pytest.raises(KeyboardInterrupt if fault.startswith("interrupt") else (ValueError, TypeError)):
         eng.step()
     model.forward = real
     monkeypatch.setattr(sampler, "greedy", greedy)
-    final = run(eng, [])
-    for i, p in enumerate(prompts):
-        assert final[str(i)].outputs[0].token_ids == model.reference_greedy(p, 12)
-    assert_no_leak(eng)
-
-
-def test_a_failed_forward_leaves_the_engine_consistent():
-    model = ToyModel()
-    prompts = random_prompts(13, 3)
-    eng = make(model)
-    for i, p in enumerate(prompts):
-        eng.add_request(str(i), p, GREEDY)
-    eng.step()
-    real = model.forward
-
-    def broken(*args):
-        raise KeyboardInterrupt
-    model.forward = broken
-    with pytest.raises(KeyboardInterrupt):
-        eng.step()
-    model.forward = real
     final = run(eng, [])
     for i, p in enumerate(prompts):
         assert final[str(i)].outputs[0].token_ids == model.reference_greedy(p, 12)
