@@ -250,10 +250,10 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
 
 def _plain_options(*, scale=None, causal=True, window_left=-1, soft_cap=0.0, alibi_slopes=None,
                    out=None, return_lse=False, num_threads=None):
-    """Private: ``batch_paged_attention``'s options as plain Python and NumPy values, so a
-    caller that must hold a lock through the kernel runs no ``__index__``, ``__float__``,
-    ``__bool__`` or ``__array__`` of the user's while it holds it. TypeError/ValueError as
-    the kernel's own checks; shape checks stay with the kernel."""
+    """Private: ``batch_paged_attention``'s options as plain Python and NumPy values (the
+    kernel's own conversion), so a caller that must hold a lock through the kernel can run
+    every ``__index__``, ``__float__``, ``__bool__`` or ``__array__`` of the user's before
+    it takes it. TypeError/ValueError; range and shape checks stay with the kernel."""
     return dict(scale=None if scale is None else finite_float(scale, "scale"), causal=bool(causal),
                 window_left=as_int(window_left, "window_left"),
                 soft_cap=finite_float(soft_cap, "soft_cap", min_value=0.0),
@@ -327,24 +327,25 @@ cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale,
     ind64, lens64, bt32 = _ragged_batch(qo_indptr, kv_lens, block_tables, total_q, T, max_pages)
     cdef int64_t B = lens64.shape[0]
     # --- options
-    fscale = 1.0 / math.sqrt(D) if scale is None else finite_float(scale, "scale")
-    fcap = finite_float(soft_cap, "soft_cap", min_value=0.0)
-    wl = as_int(window_left, "window_left")
+    opt = _plain_options(scale=scale, causal=causal, window_left=window_left, soft_cap=soft_cap,
+                         alibi_slopes=alibi_slopes, return_lse=return_lse, num_threads=num_threads)
+    fscale = 1.0 / math.sqrt(D) if opt["scale"] is None else opt["scale"]
+    fcap = opt["soft_cap"]
+    wl = opt["window_left"]
     if wl < -1:
         raise ValueError(f"window_left must be >= -1, got {wl}")
     if wl > (1 << 31) - 1:
         wl = -1        # wider than any sequence: same as no window
-    alibi = None
-    if alibi_slopes is not None:
-        alibi = np.asarray(alibi_slopes)
+    alibi = opt["alibi_slopes"]
+    if alibi is not None:
         if alibi.dtype.kind not in "fiu":
             raise TypeError(f"alibi_slopes must be a float array, got dtype {alibi.dtype}")
         if alibi.shape != (H,):
             raise ValueError(f"alibi_slopes must have shape ({H},), got {alibi.shape}")
         alibi = np.ascontiguousarray(alibi, dtype=np.float32)
     o = np.empty((total_q, H, D), dtype=np.float32) if out is None else check_out(out, (total_q, H, D), np.float32)
-    lse = np.empty((total_q, H), dtype=np.float32) if return_lse else None
-    cdef int nthreads = resolve_num_threads(num_threads)
+    lse = np.empty((total_q, H), dtype=np.float32) if opt["return_lse"] else None
+    cdef int nthreads = opt["num_threads"]
     cdef int rc = 0
     cdef Py_ssize_t _r
 
@@ -368,7 +369,7 @@ cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale,
         P.T = <int32_t>T
         P.scale = fscale
         P.soft_cap = fcap
-        P.causal = 1 if causal else 0
+        P.causal = 1 if opt["causal"] else 0
         P.window_left = <int32_t>wl
         P.alibi = <const float *>cnp.PyArray_DATA(alibi) if alibi is not None else NULL
         P.out = <float *>cnp.PyArray_DATA(o)
@@ -382,7 +383,7 @@ cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale,
                     break
         if rc != 0:
             raise MemoryError("paged attention: could not allocate scratch memory")
-    if return_lse:
+    if lse is not None:
         return o, lse
     return o
 

@@ -239,7 +239,7 @@ class LLMEngine:
                 rows.append(b)
                 seqs.append(seq)
                 if seq.index == 0 and not seq.output and seq.request.params.n > 1:
-                    sibs = self._pending_siblings(seq)
+                    sibs = [s for s in seq.request.seqs[1:] if s.status == SeqStatus.FORK_PENDING]
                     rows += [b] * len(sibs)          # siblings draw from their parent's row
                     seqs += sibs
         greedy_rows = [i for i, s in enumerate(seqs) if s.rng is None]
@@ -279,10 +279,6 @@ class LLMEngine:
                 del self._requests[rid]
             outputs.append(out)
         return outputs
-
-    @staticmethod
-    def _pending_siblings(seq):
-        return [s for s in seq.request.seqs[1:] if s.status == SeqStatus.FORK_PENDING]
 
     def _fork(self, sib):
         """Completion ``sib`` (1..n-1) starts sharing completion 0's prompt pages

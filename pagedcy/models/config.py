@@ -173,8 +173,7 @@ def _rope(raw):
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"unsupported rope_scaling type {rope_type!r}; "
                          f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
-    theta = _positive_float({"rope_theta": params.get("rope_theta", raw.get("rope_theta", 10000.0))},
-                            "rope_theta", None)
+    theta = _positive_float(params if "rope_theta" in params else raw, "rope_theta", 10000.0)
     if float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
         raise ValueError("partial_rotary_factor != 1 is not supported")
     if rope_type == "default":
