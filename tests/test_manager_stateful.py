@@ -288,12 +288,11 @@ class ManagerMachine(RuleBasedStateMachine):
 
 
 # too_slow measures data generation, which a loaded host slows (it failed twice right
-# after a benchmark, with no falsifying example); the other checks stay on
+# after a benchmark, with no falsifying example); every rule but allocate needs a sequence,
+# so a run's first draws are often filtered (about 1 in 25 runs tripped filter_too_much,
+# again with no example). The other checks stay on.
 ManagerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30,
                                             deadline=None,
-                                            # every rule but allocate needs a sequence, so a
-                                            # run's first draws are often filtered (about 1 in
-                                            # 25 runs tripped filter_too_much, no example found)
                                             suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.filter_too_much])
 TestManagerMachine = ManagerMachine.TestCase
