@@ -3,8 +3,8 @@ hits), fork + copy-on-write, swap out/in, and one executor decode step."""
 import numpy as np
 
 from pagedcy import PagedKVCacheConfig
-from pagedcy.serving.executor import PagedAttentionExecutor, PagedExecutorConfig
-from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
+from pagedcy.kvcache.executor import PagedAttentionExecutor, PagedExecutorConfig
+from pagedcy.kvcache.manager import AllocationRequest, PagedKVCacheManager
 
 PS = 16
 

@@ -11,8 +11,8 @@ import numpy as np
 
 from pagedcy import PagedKVCacheConfig
 from pagedcy._libs._bandwidth import read_bandwidth
-from pagedcy.serving.executor import PagedAttentionExecutor, PagedExecutorConfig
-from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
+from pagedcy.kvcache.executor import PagedAttentionExecutor, PagedExecutorConfig
+from pagedcy.kvcache.manager import AllocationRequest, PagedKVCacheManager
 
 
 def main(argv=None):

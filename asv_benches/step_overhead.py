@@ -16,7 +16,7 @@ import numpy as np
 
 from pagedcy import PagedKVCacheConfig
 from pagedcy._libs._manager_ops import write_token_rows
-from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
+from pagedcy.kvcache.manager import AllocationRequest, PagedKVCacheManager
 from pagedcy.tools.info import cpu_description
 
 LAYERS, KVH, HD, PS = 2, 8, 128, 16

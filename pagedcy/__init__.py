@@ -40,11 +40,11 @@ except ImportError:  # pragma: no cover - present in every complete build
     pass
 
 try:  # the multi-sequence layer needs the attention kernel for attention, not to import
-    from pagedcy.serving.manager import (AllocationRequest, CacheStats, MemoryPressure,  # noqa: F401
+    from pagedcy.kvcache.manager import (AllocationRequest, CacheStats, MemoryPressure,  # noqa: F401
                                          PagedKVCacheHandle, PagedKVCacheManager, StepSlots,
                                          paged_attention)
-    from pagedcy.serving.executor import (DecodeOutput, PagedAttentionExecutor,  # noqa: F401
-                                  PagedExecutorConfig, PrefillOutput)
+    from pagedcy.kvcache.executor import (DecodeOutput, PagedAttentionExecutor,  # noqa: F401
+                                          PagedExecutorConfig, PrefillOutput)
     __all__ += ["AllocationRequest", "CacheStats", "MemoryPressure", "PagedKVCacheHandle",
                 "PagedKVCacheManager", "StepSlots", "paged_attention", "DecodeOutput",
                 "PagedAttentionExecutor", "PagedExecutorConfig", "PrefillOutput"]

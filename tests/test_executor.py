@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from pagedcy import PagedKVCacheConfig, PoolExhaustedError
-from pagedcy.serving.executor import (DecodeOutput, ExecutorCapabilities, ExecutorStatus, ModelInfo,
+from pagedcy.kvcache.executor import (DecodeOutput, ExecutorCapabilities, ExecutorStatus, ModelInfo,
                                       PagedAttentionExecutor, PagedExecutorConfig, PrefillOutput,
                                       token_embeddings)
-from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
+from pagedcy.kvcache.manager import AllocationRequest, PagedKVCacheManager
 
 
 # ---- independent reference of the executor's math (plain loops / float64) ----------------

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 import pagedcy
 from pagedcy import EvictionPolicy, PagedKVCache, PagedKVCacheConfig, PagePool, PageTable
 from pagedcy._libs._store import KVPageStore
-from pagedcy.serving.executor import PagedAttentionExecutor, PagedExecutorConfig
-from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager, paged_attention
+from pagedcy.kvcache.executor import PagedAttentionExecutor, PagedExecutorConfig
+from pagedcy.kvcache.manager import AllocationRequest, PagedKVCacheManager, paged_attention
 
 DOCUMENTED = (TypeError, ValueError, IndexError, pagedcy.PoolExhaustedError, KeyError)
 

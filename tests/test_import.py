@@ -14,7 +14,7 @@ HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "tqdm", "fastapi"
 
 CASES = [
     "import pagedcy; pagedcy.show_config()",
-    "from pagedcy import serving",
+    "from pagedcy import kvcache",
     "import pagedcy.models",
     "import pagedcy.engine",
     "import pagedcy; pagedcy.LLM, pagedcy.SamplingParams",

@@ -11,7 +11,7 @@ from pagedcy._libs._attention import _batch_paged_attention_tuned as tuned_atten
 from pagedcy._libs._attention import simd_level
 from pagedcy._libs._manager_ops import write_token_rows
 from pagedcy._libs._store import KVPageStore
-from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
+from pagedcy.kvcache.manager import AllocationRequest, PagedKVCacheManager
 
 sys.path.insert(0, os.path.dirname(__file__))
 from attn_helpers import quantize_int8, reference  # noqa: E402

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pagedcy import PagedKVCacheConfig, PoolExhaustedError
-from pagedcy.serving.manager import (AllocationRequest, CacheStats, MemoryPressure, PagedKVCacheHandle,
+from pagedcy.kvcache.manager import (AllocationRequest, CacheStats, MemoryPressure, PagedKVCacheHandle,
                              PagedKVCacheManager, paged_attention)
 
 

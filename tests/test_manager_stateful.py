@@ -12,7 +12,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from pagedcy import PagedKVCacheConfig, PoolExhaustedError
 from pagedcy._libs._manager_ops import write_token_rows
-from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
+from pagedcy.kvcache.manager import AllocationRequest, PagedKVCacheManager
 
 PS, PAGES, LAYERS, KVD, SWAP = 4, 20, 2, 2, 12
 PREFIXES = [list(range(8)), list(range(8)) + [50, 51, 52, 53], [9, 9, 9, 9, 1, 2, 3, 4]]

@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pagedcy import PagedKVCacheConfig, PoolExhaustedError
-from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
+from pagedcy.kvcache.manager import AllocationRequest, PagedKVCacheManager
 
 PS = 4
 

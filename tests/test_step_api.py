@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import pagedcy
 from pagedcy import PagedKVCacheConfig, PoolExhaustedError
 from pagedcy._libs._manager_ops import write_token_rows
-from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager, StepSlots
+from pagedcy.kvcache.manager import AllocationRequest, PagedKVCacheManager, StepSlots
 
 PS = 4
 LAYERS = 2

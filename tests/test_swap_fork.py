@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from pagedcy import PagedKVCacheConfig, PoolExhaustedError
-from pagedcy.serving.manager import AllocationRequest, PagedKVCacheManager
+from pagedcy.kvcache.manager import AllocationRequest, PagedKVCacheManager
 
 
 def mgr(max_pages=16, dtype="float32", **kw):

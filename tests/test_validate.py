@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from pagedcy import _validate
-from pagedcy.serving.executor import PagedExecutorConfig
+from pagedcy.kvcache.executor import PagedExecutorConfig
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint16, np.uint64])

@@ -1,4 +1,4 @@
-"""Hot paths of :mod:`pagedcy.serving.manager` that would otherwise loop in Python per sequence.
+"""Hot paths of :mod:`pagedcy.kvcache.manager` that would otherwise loop in Python per sequence.
 
 A decode step touches every running sequence once: it writes one K/V row per sequence
 and then needs the batch's padded block table. Doing that with one NumPy call per

@@ -15,7 +15,7 @@ from pagedcy.engine.sequence import Request, Sequence, SeqStatus
 from pagedcy.engine.stop_checker import StopChecker
 from pagedcy.engine.tokenizer import load_tokenizer
 from pagedcy.errors import PoolExhaustedError
-from pagedcy.serving.manager import PagedKVCacheManager
+from pagedcy.kvcache.manager import PagedKVCacheManager
 
 __all__ = ["LLMEngine"]
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from pagedcy.engine.sequence import SeqStatus
 from pagedcy.errors import PoolExhaustedError
-from pagedcy.serving.manager import AllocationRequest
+from pagedcy.kvcache.manager import AllocationRequest
 
 __all__ = ["Scheduler", "ScheduledBatch"]
 

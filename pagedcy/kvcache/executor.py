@@ -21,7 +21,7 @@ import numpy as np
 
 from pagedcy import _validate
 from pagedcy.errors import PoolExhaustedError
-from pagedcy.serving.manager import AllocationRequest, PagedKVCacheHandle, PagedKVCacheManager
+from pagedcy.kvcache.manager import AllocationRequest, PagedKVCacheHandle, PagedKVCacheManager
 
 __all__ = ["PagedExecutorConfig", "PagedAttentionExecutor", "PrefillOutput", "DecodeOutput",
            "ExecutorStatus", "MemoryUsage", "ModelInfo", "ExecutorCapabilities",

@@ -25,9 +25,9 @@ class BlockAllocator:
     BlockAllocator(pool, cache, counters)
 
     pool: the :class:`~pagedcy.PagePool`; cache: the
-    :class:`~pagedcy.serving.prefix.PrefixCache` (consulted on release and copy-on-write,
+    :class:`~pagedcy.kvcache.prefix.PrefixCache` (consulted on release and copy-on-write,
     told of evictions); counters: the manager's
-    :class:`~pagedcy.serving.stats.Counters` (failures, evictions, cow_copies).
+    :class:`~pagedcy.kvcache.stats.Counters` (failures, evictions, cow_copies).
     Not locked: the manager serialises calls.
     """
 

@@ -62,7 +62,7 @@ class PrefixCache:
     PrefixCache(page_size, max_pages, enabled, counters)
 
     Holds no pool references itself: pages held by handles are counted by the pool, and
-    the :class:`~pagedcy.serving.allocator.BlockAllocator` keeps the one reference of an
+    the :class:`~pagedcy.kvcache.allocator.BlockAllocator` keeps the one reference of an
     evictable page and calls :meth:`forget` when it evicts one. Disabled, it still
     answers (nothing is ever cached).
     """

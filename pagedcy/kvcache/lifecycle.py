@@ -1,7 +1,7 @@
 """Handle lifecycle: allocate (with prefix hits), grow, fork, swap out/in and release.
 
 :class:`SequenceLifecycle` coordinates the block allocator, prefix cache, swap space and
-handle table of one manager; :class:`~pagedcy.serving.manager.PagedKVCacheManager`'s
+handle table of one manager; :class:`~pagedcy.kvcache.manager.PagedKVCacheManager`'s
 methods of the same names document the arguments and errors. Not locked: the manager
 holds its lock around every call.
 """
@@ -10,8 +10,8 @@ import itertools
 import numpy as np
 
 from pagedcy import _validate
-from pagedcy.serving.handle import PagedKVCacheHandle
-from pagedcy.serving.request import AllocationRequest
+from pagedcy.kvcache.handle import PagedKVCacheHandle
+from pagedcy.kvcache.request import AllocationRequest
 
 __all__ = ["SequenceLifecycle"]
 
@@ -20,7 +20,7 @@ class SequenceLifecycle:
     """Creates, resizes, forks, swaps and releases the handles of one manager.
 
     SequenceLifecycle(parts): parts is the manager's
-    :class:`~pagedcy.serving.parts.ManagerParts`.
+    :class:`~pagedcy.kvcache.parts.ManagerParts`.
     """
 
     def __init__(self, parts):

@@ -2,15 +2,15 @@
 
 :class:`PagedKVCacheManager` is a thin, locked front over small parts that each own
 their state, the way ``numpy.random.Generator`` wraps a ``BitGenerator``
-(:class:`~pagedcy.serving.parts.ManagerParts` bundles them): a
-:class:`~pagedcy.serving.allocator.BlockAllocator` (the pool plus the evictable LRU), a
-:class:`~pagedcy.serving.prefix.PrefixCache` (chained page hashes), an optional
-:class:`~pagedcy.serving.swap.SwapSpace`, a :class:`~pagedcy.serving.handle.HandleTable`
-(the live :class:`PagedKVCacheHandle` objects) and :class:`~pagedcy.serving.stats.Counters`.
-Two coordinators work on them: :class:`~pagedcy.serving.lifecycle.SequenceLifecycle`
-(allocate, extend, fork, swap, release) and :class:`~pagedcy.serving.kv_access.KVAccess`
+(:class:`~pagedcy.kvcache.parts.ManagerParts` bundles them): a
+:class:`~pagedcy.kvcache.allocator.BlockAllocator` (the pool plus the evictable LRU), a
+:class:`~pagedcy.kvcache.prefix.PrefixCache` (chained page hashes), an optional
+:class:`~pagedcy.kvcache.swap.SwapSpace`, a :class:`~pagedcy.kvcache.handle.HandleTable`
+(the live :class:`PagedKVCacheHandle` objects) and :class:`~pagedcy.kvcache.stats.Counters`.
+Two coordinators work on them: :class:`~pagedcy.kvcache.lifecycle.SequenceLifecycle`
+(allocate, extend, fork, swap, release) and :class:`~pagedcy.kvcache.kv_access.KVAccess`
 (K/V writes and reads with copy-on-write, engine-step slots, attention); a
-:class:`~pagedcy.serving.pressure.PressureMonitor` reports memory pressure. Pages are the
+:class:`~pagedcy.kvcache.pressure.PressureMonitor` reports memory pressure. Pages are the
 blocks: ``block_size() == config.page_size`` and a page holds that many tokens of K and V
 for every layer.
 
@@ -29,14 +29,14 @@ import numpy as np
 from pagedcy import _validate
 from pagedcy._libs._store import KVPageStore
 from pagedcy.config import PagedKVCacheConfig
-from pagedcy.serving.handle import PagedKVCacheHandle
-from pagedcy.serving.kv_access import KVAccess, attention_kernel
-from pagedcy.serving.lifecycle import SequenceLifecycle
-from pagedcy.serving.parts import ManagerParts
-from pagedcy.serving.pressure import MemoryPressure, PressureMonitor
-from pagedcy.serving.request import AllocationRequest
-from pagedcy.serving.stats import CacheStats
-from pagedcy.serving.step import StepSlots
+from pagedcy.kvcache.handle import PagedKVCacheHandle
+from pagedcy.kvcache.kv_access import KVAccess, attention_kernel
+from pagedcy.kvcache.lifecycle import SequenceLifecycle
+from pagedcy.kvcache.parts import ManagerParts
+from pagedcy.kvcache.pressure import MemoryPressure, PressureMonitor
+from pagedcy.kvcache.request import AllocationRequest
+from pagedcy.kvcache.stats import CacheStats
+from pagedcy.kvcache.step import StepSlots
 
 __all__ = ["AllocationRequest", "PagedKVCacheHandle", "PagedKVCacheManager", "MemoryPressure",
            "CacheStats", "StepSlots", "paged_attention"]

@@ -1,14 +1,14 @@
-"""The parts one :class:`~pagedcy.serving.manager.PagedKVCacheManager` is made of."""
+"""The parts one :class:`~pagedcy.kvcache.manager.PagedKVCacheManager` is made of."""
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from pagedcy.config import PagedKVCacheConfig
-from pagedcy.serving.allocator import BlockAllocator
-from pagedcy.serving.handle import HandleTable
-from pagedcy.serving.prefix import PrefixCache
-from pagedcy.serving.stats import Counters
-from pagedcy.serving.swap import SwapSpace
+from pagedcy.kvcache.allocator import BlockAllocator
+from pagedcy.kvcache.handle import HandleTable
+from pagedcy.kvcache.prefix import PrefixCache
+from pagedcy.kvcache.stats import Counters
+from pagedcy.kvcache.swap import SwapSpace
 
 __all__ = ["ManagerParts"]
 

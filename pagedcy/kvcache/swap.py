@@ -15,7 +15,7 @@ class SwapSpace:
     SwapSpace(config, num_pages, path=None, counters=None)
 
     path: back the pool with a memory-mapped file there (created/overwritten) instead of
-    RAM. counters: the manager's :class:`~pagedcy.serving.stats.Counters` (swap_outs,
+    RAM. counters: the manager's :class:`~pagedcy.kvcache.stats.Counters` (swap_outs,
     swap_ins, failures). Not locked: the manager serialises calls.
     """
 

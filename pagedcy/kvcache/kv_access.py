@@ -1,7 +1,7 @@
 """Reads and writes of sequences' K/V through their block tables: copy-on-write before
 writes, single rows, ranges, one row per sequence, engine-step slots and attention.
 
-:class:`KVAccess` is the data path of :class:`~pagedcy.serving.manager.PagedKVCacheManager`
+:class:`KVAccess` is the data path of :class:`~pagedcy.kvcache.manager.PagedKVCacheManager`
 (whose methods of the same names document the arguments and errors); it owns no state of
 its own and works on the manager's store, handles, allocator and prefix cache under the
 manager's lock.
@@ -12,8 +12,8 @@ import numpy as np
 
 from pagedcy import _validate
 from pagedcy._libs._manager_ops import build_block_table, write_token_rows
-from pagedcy.serving.handle import PagedKVCacheHandle
-from pagedcy.serving.step import check_q_lens, step_slots
+from pagedcy.kvcache.handle import PagedKVCacheHandle
+from pagedcy.kvcache.step import check_q_lens, step_slots
 
 __all__ = ["KVAccess", "attention_kernel"]
 
@@ -31,7 +31,7 @@ def attention_kernel():
 class KVAccess:
     """K/V reads, writes and attention for the handles of one manager.
 
-    KVAccess(parts): parts is the manager's :class:`~pagedcy.serving.parts.ManagerParts`.
+    KVAccess(parts): parts is the manager's :class:`~pagedcy.kvcache.parts.ManagerParts`.
     """
 
     def __init__(self, parts):

@@ -1,2 +1,0 @@
-"""The serving layer, pure Python over the compiled core: the multi-sequence cache manager
-(block allocator, prefix cache, swap space), the weightless test executor and the scheduler."""
