@@ -139,7 +139,7 @@ class LLMEngine:
                       StopChecker(params, mc.eos_token_ids, max_tokens))
         rngs = self._rngs(params)
         for i in range(params.n):
-            detok = self.tokenizer.detokenizer(req.prompt_token_ids) if self.tokenizer else None
+            detok = self.tokenizer.detokenizer() if self.tokenizer else None
             req.seqs.append(Sequence(req, i, rngs[i] if rngs else None, detok))
         self._requests[request_id] = req
         self.scheduler.add(req.seqs[0])
@@ -169,7 +169,7 @@ class LLMEngine:
             for seq in req.seqs:
                 if seq.status != SeqStatus.FINISHED:
                     self.scheduler.free(seq)
-                    seq.finish_reason = "abort"
+                    seq.finish("abort")
 
     def has_unfinished_requests(self):
         """True while any request is queued or running."""

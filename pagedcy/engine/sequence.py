@@ -82,19 +82,33 @@ class Sequence:
         checker = self.request.stop_checker
         fin = checker.check_token(token)
         if fin is None and self.detok is not None:
-            piece = self.detok.step(token)
-            if piece:
-                self.text += piece
-                hit = checker.find_stop_string(self.text, len(piece))
-                if hit is not None:
-                    self.text = self.text[:hit[0]]
-                    fin = ("stop", hit[1])
+            fin = self._add_text(self.detok.step(token))
         if fin is None:
             fin = checker.check_length(len(self.output))
-            if fin is not None and self.detok is not None:
-                self.text += self.detok.flush()     # a character cut short by the limit
         if fin is not None:
-            self.finish_reason, self.stop_reason = fin
+            self.finish(*fin)
+
+    def _add_text(self, piece):
+        """Append detokenized text; ``("stop", s)`` when it completes stop string ``s`` (the
+        text is then cut where ``s`` starts), else None."""
+        if not piece:
+            return None
+        self.text += piece
+        hit = self.request.stop_checker.find_stop_string(self.text, len(piece))
+        if hit is None:
+            return None
+        self.text = self.text[:hit[0]]
+        return "stop", hit[1]
+
+    def finish(self, finish_reason, stop_reason=None):
+        """End the completion: the text the detokenizer still holds (the bytes of a
+        character cut short) is added first, unless a stop string already cut the text.
+        A stop string inside that text ends the completion there instead."""
+        if self.detok is not None and not isinstance(stop_reason, str):
+            hit = self._add_text(self.detok.flush())
+            if hit is not None:
+                finish_reason, stop_reason = hit
+        self.finish_reason, self.stop_reason = finish_reason, stop_reason
 
     def completion(self):
         """This sequence's :class:`CompletionOutput` (copies, so later steps do not

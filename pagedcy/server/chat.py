@@ -35,12 +35,12 @@ def chat_logprobs(runner: RequestRunner, token_ids, logprobs, top: int) -> ChatL
     """Chat logprobs of ``token_ids`` (``logprobs``: one {token_id: logprob} per token)."""
     content = []
     for tid, lp in zip(token_ids, logprobs):
-        tok = runner.decode_token(tid)
         ranked = sorted(lp.items(), key=lambda kv: -kv[1])[:top]
         content.append(ChatTokenLogprob(
-            token=tok, logprob=json_logprob(lp.get(tid, float("-inf"))), bytes=list(tok.encode()),
+            token=runner.decode_token(tid), logprob=json_logprob(lp.get(tid, float("-inf"))),
+            bytes=list(runner.token_bytes(tid)),
             top_logprobs=[ChatTopLogprob(token=runner.decode_token(k), logprob=json_logprob(v),
-                                         bytes=list(runner.decode_token(k).encode()))
+                                         bytes=list(runner.token_bytes(k)))
                           for k, v in ranked]))
     return ChatLogProbs(content=content)
 

@@ -16,13 +16,11 @@ def completion_logprobs(runner: RequestRunner, token_ids, logprobs, offset: int,
     ``offset``: text offset of the first token."""
     out = CompletionLogProbs()
     for tid, lp in zip(token_ids, logprobs):
-        tok = runner.decode_token(tid)
-        out.tokens.append(tok)
+        out.tokens.append(runner.decode_token(tid))
         out.token_logprobs.append(json_logprob(lp[tid]) if tid in lp else None)
         ranked = sorted(lp.items(), key=lambda kv: -kv[1])[:top]
         out.top_logprobs.append({runner.decode_token(k): json_logprob(v) for k, v in ranked})
-        out.text_offset.append(offset)
-        offset += len(tok)
+    out.text_offset = runner.text_offsets(token_ids, offset)
     return out
 
 

@@ -112,8 +112,33 @@ class RequestRunner:
         return list(self.tokenizer.encode(text))
 
     def decode_token(self, token_id: int) -> str:
-        """The text of one token (for logprobs)."""
-        return self.tokenizer.decode([int(token_id)]) if self.tokenizer is not None else str(token_id)
+        """One token as logprobs show it: its text, or ``"bytes:\\xe4"`` for bytes that are
+        part of a character (OpenAI's form); the id as a string without a tokenizer."""
+        tok = self.tokenizer
+        if tok is None:
+            return str(token_id)
+        if hasattr(tok, "token_text"):
+            return tok.token_text(int(token_id))
+        return tok.decode([int(token_id)])
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token adds to the text (logprobs' ``bytes``)."""
+        tok = self.tokenizer
+        if tok is not None and hasattr(tok, "token_bytes"):
+            return tok.token_bytes(int(token_id))
+        return self.decode_token(token_id).encode()
+
+    def text_offsets(self, token_ids, start: int) -> list[int]:
+        """Where each token's text begins, counted in characters from ``start``: the
+        tokens' bytes decoded as UTF-8 in order, so a token inside a character starts
+        where that character does."""
+        import codecs
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        offsets = []
+        for tid in token_ids:
+            offsets.append(start)
+            start += len(dec.decode(self.token_bytes(tid)))
+        return offsets
 
     def check_length(self, prompt_ids: list[int], max_tokens: Optional[int]) -> int:
         """``max_tokens`` checked against the context; None means 'up to the context length'."""
