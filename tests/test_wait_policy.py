@@ -19,11 +19,11 @@ REPORT = ("import json, os, pagedcy, pagedcy._libs as L; "
 needs_openmp = pytest.mark.skipif(not _threads.openmp_enabled(), reason="serial build")
 
 
-def run(code, **env_add):
+def run(code, args=(), **env_add):
     env = {k: v for k, v in os.environ.items() if k not in VARS}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.update(env_add)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
@@ -59,19 +59,55 @@ def test_a_user_setting_wins(var, value):
         assert spincount_read(err) == "1234"
 
 
+OWN_RUNTIME = os.path.basename(_threads.openmp_runtime()) == "libpagedcy_gomp.so.1"
+DECODE = ("import sys, pagedcy; from pagedcy.models import write_random_checkpoint; "
+          "llm = pagedcy.LLM(write_random_checkpoint(sys.argv[1], seed=0), num_threads=2); "
+          "llm.generate(['a b c'], pagedcy.SamplingParams(max_tokens=3), use_tqdm=False); ")
+SHOW = ("import json, os, pagedcy, pagedcy._libs as L; from pagedcy._libs import _threads; "
+        "from pagedcy.tools.info import config_dict; _threads._display_openmp_env(); "
+        "print(json.dumps([L.wait_policy(), os.path.basename(_threads.openmp_runtime()), "
+        "config_dict()['openmp_runtime']]))")
+
+
+def last_spincount(stderr):
+    """The last GOMP_SPINCOUNT a libgomp printed (``_display_openmp_env`` prints pagedcy's
+    runtime's last), or None."""
+    found = [ln.split("=", 1)[1].strip().strip("'") for ln in stderr.splitlines()
+             if ln.strip().startswith("GOMP_SPINCOUNT =")]
+    return found[-1] if found else None
+
+
 @needs_openmp
-def test_runtime_loaded_first_is_reported_and_the_variable_taken_back():
-    """What `import torch; import pagedcy` does: torch's libgomp.so.1 is loaded and initialised
-    first, pagedcy shares it, so the policy cannot apply and must not linger in os.environ."""
+def test_runtime_loaded_first():
+    """`import torch; import pagedcy`, imitated: a libgomp.so.1 loaded into the global scope and
+    initialised first. With pagedcy's own runtime the policy still applies; with a shared one
+    it cannot, is reported, and must not linger in os.environ."""
     lib = ctypes.util.find_library("gomp")
     if lib is None or _openmp_runtimes() is None:
         pytest.skip("no libgomp to preload / no /proc/self/maps")
     code = f"import ctypes; ctypes.CDLL({lib!r}, mode=ctypes.RTLD_GLOBAL); " + REPORT
     (policy, spin, text, _), err = run(code, OMP_DISPLAY_ENV="verbose")
+    if OWN_RUNTIME:
+        assert (policy, spin) == ("passive", "1000")
+        assert text == "OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=1000 (set by pagedcy)"
+        return
     assert policy is None and spin is None
     assert text.startswith("runtime default: an OpenMP runtime was loaded before pagedcy (libgomp")
     read = spincount_read(err)
     assert read is None or read == "300000"    # the runtime kept its spinning default
+
+
+@needs_openmp
+@pytest.mark.skipif(not OWN_RUNTIME, reason="this build links the shared libgomp")
+def test_torch_first_leaves_pagedcy_its_own_runtime_and_policy(tmp_path):
+    """The real thing: torch's wheel loads its libgomp.so.1 (spinning default) into the global
+    scope; a decode step's parallel regions still run on pagedcy's runtime, which read
+    pagedcy's policy (info reports it)."""
+    pytest.importorskip("torch")
+    (text, runtime, shown), err = run("import torch; " + DECODE + SHOW, args=[str(tmp_path)])
+    assert runtime == "libpagedcy_gomp.so.1" and shown.endswith("libpagedcy_gomp.so.1")
+    assert text == "OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=1000 (set by pagedcy)"
+    assert last_spincount(err) == "1000", err
 
 
 def test_openmp_runtimes_reads_the_maps_file(tmp_path):

@@ -20,10 +20,13 @@ and elementwise call is an OpenMP region of pagedcy's, back to back: a fully pas
 took ~60 us to wake on the 2-core EPYC VM. Measured there: engine decode steps 4-8% faster than
 fully passive, prefill unchanged, a NumPy step with attention between its matmuls 3.5% slower
 (10000 spins: decode 5-15% faster, but that NumPy step 30% slower). The runtime reads the variable only when it
-loads: if one with the same name was loaded earlier (``import torch`` before ``import pagedcy``
-loads torch's ``libgomp.so.1``, which pagedcy then shares), the setting cannot take effect,
-so pagedcy takes it back out of ``os.environ`` and :func:`wait_policy` says so. Import pagedcy
-first, or set ``OMP_WAIT_POLICY=passive`` yourself, to get the fast default then.
+loads. On Linux builds with GCC, pagedcy links a copy of libgomp of its own
+(``libpagedcy_gomp.so.1``, beside the extensions, as auditwheel vendors libraries), so an
+OpenMP runtime loaded before it (``import torch`` first loads torch's ``libgomp.so.1``) does
+not serve pagedcy's kernels and the policy is in force whatever the import order. A build that
+links the shared runtime (other compilers, ``PAGEDCY_SHARED_OPENMP=1``) shares an earlier one:
+the setting cannot take effect then, so pagedcy takes it back out of ``os.environ`` and
+:func:`wait_policy` says so (import pagedcy first, or set ``OMP_WAIT_POLICY=passive`` yourself).
 """
 import os
 
@@ -31,7 +34,7 @@ import os
 _USER_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 # what pagedcy sets (LLVM's and Intel's runtimes ignore GOMP_SPINCOUNT and stay passive)
 _OURS = (("OMP_WAIT_POLICY", "passive"), ("GOMP_SPINCOUNT", "1000"))
-_RUNTIME_NAMES = ("libgomp", "libomp", "libiomp")
+_RUNTIME_NAMES = ("libgomp", "libomp", "libiomp", "libpagedcy_gomp")
 
 
 def _openmp_runtimes(maps="/proc/self/maps"):
@@ -50,7 +53,33 @@ _runtimes_before = None if _user_set else _openmp_runtimes()
 if not _user_set:
     os.environ.update(_OURS)
 
-from pagedcy._libs import _threads  # noqa: E402  (loads the OpenMP runtime under the policy above)
+
+
+def _import_extensions():
+    """Import every extension, with RTLD_DEEPBIND where pagedcy has its own OpenMP runtime:
+    torch loads its libgomp into the global symbol scope, which would otherwise serve the
+    extensions' OpenMP calls ahead of their own dependency. Not under a sanitizer runtime,
+    which refuses RTLD_DEEPBIND."""
+    import importlib
+    import pkgutil
+    import sys
+    names = [m.name for m in pkgutil.iter_modules(__path__) if m.name.startswith("_")]
+    deep = getattr(os, "RTLD_DEEPBIND", 0)
+    own = os.path.isfile(os.path.join(os.path.dirname(__file__), "libpagedcy_gomp.so.1"))
+    if not (deep and own) or os.environ.get("PAGEDCY_SANITIZED") \
+            or "asan" in os.environ.get("LD_PRELOAD", ""):
+        deep = 0
+    flags = sys.getdlopenflags()
+    sys.setdlopenflags(flags | deep)
+    try:
+        for name in ["_threads"] + [n for n in names if n != "_threads"]:
+            importlib.import_module(f"{__name__}.{name}")
+    finally:
+        sys.setdlopenflags(flags)
+
+
+_import_extensions()
+from pagedcy._libs import _threads  # noqa: E402  (loaded the OpenMP runtime under the policy above)
 
 
 def _settle():
@@ -60,7 +89,13 @@ def _settle():
         _take_back()
         return "none (serial build)"
     after = _openmp_runtimes()
-    if _runtimes_before and after is not None and not (after - _runtimes_before):
+    ours = _threads.openmp_runtime()
+    if ours and _runtimes_before is not None:
+        # the runtime pagedcy's calls bind to read the policy iff it loaded just now
+        shared = os.path.realpath(ours) in {os.path.realpath(p.strip()) for p in _runtimes_before}
+    else:
+        shared = bool(_runtimes_before) and after is not None and not (after - _runtimes_before)
+    if shared:
         _take_back()   # it would claim a policy the runtime never read
         return ("runtime default: an OpenMP runtime was loaded before pagedcy ("
                 + ", ".join(sorted(os.path.basename(p.strip()) for p in _runtimes_before))

@@ -1,7 +1,8 @@
 """OpenMP availability and the thread-count policy shared by every kernel."""
 import os
 
-from pagedcy._libs._openmp cimport omp_get_max_threads, PAGEDCY_OPENMP, PAGEDCY_BUILD_FLAGS
+from pagedcy._libs._openmp cimport (omp_get_max_threads, PAGEDCY_OPENMP, PAGEDCY_BUILD_FLAGS,
+                                    pagedcy_openmp_runtime, pagedcy_openmp_display_env)
 from pagedcy import _validate
 
 
@@ -13,6 +14,18 @@ def openmp_enabled():
 def build_flags():
     """Return the extra compiler/linker flags this build used, as one string."""
     return (<bytes>PAGEDCY_BUILD_FLAGS).decode()
+
+
+def openmp_runtime():
+    """The path of the OpenMP runtime pagedcy's kernels run on ("" in a serial build or where
+    that cannot be told). On Linux builds with GCC it is pagedcy's own copy,
+    ``libpagedcy_gomp.so.1``, which no other library shares."""
+    return (<bytes>pagedcy_openmp_runtime()).decode(errors="replace")
+
+
+def _display_openmp_env():
+    """Private: the runtime prints its settings (``omp_display_env(1)``) to the C stderr."""
+    pagedcy_openmp_display_env()
 
 
 def max_threads():

@@ -111,6 +111,7 @@ def config_dict():
         "machine": platform.machine(),
         "cpu": cpu_description(),
         "openmp": _threads.openmp_enabled(),
+        "openmp_runtime": _threads.openmp_runtime() or "-",
         "max_threads": _threads.max_threads(),
         "num_threads": _threads.resolve_num_threads(None),
         "build_flags": _threads.build_flags(),
