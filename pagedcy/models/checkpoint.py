@@ -8,6 +8,7 @@ import numpy as np
 
 from pagedcy.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from pagedcy.models import tokenizer as _tok
+from pagedcy.models.weights import to_bf16_bits
 
 __all__ = ["write_random_checkpoint", "to_bf16_bits"]
 
@@ -19,13 +20,6 @@ _DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16),
 DEFAULTS = dict(vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, intermediate_size=256, max_position_embeddings=4096,
                 rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False)
-
-
-def to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """Round float32 to bfloat16 (nearest, ties to even) and return the uint16 bit patterns."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-    return (rounded >> np.uint32(16)).astype(np.uint16)
 
 
 def _tensors(cfg: ModelConfig, rng):
