@@ -288,4 +288,6 @@ def _gemma3(raw, hidden):
                 query_scale=_positive_float(raw, "query_pre_attn_scalar", 256) ** -0.5,
                 embed_scale=hidden ** 0.5,
                 final_logit_softcapping=_optional_float(raw, "final_logit_softcapping"),
-                attn_logit_softcapping=_optional_float(raw, "attn_logit_softcapping"))
+                # transformers' Gemma3Attention never passes attn_logit_softcapping to the
+                # attention (Gemma 2's does): checked, then ignored likewise, to match it
+                attn_logit_softcapping=_optional_float(raw, "attn_logit_softcapping") and None)
