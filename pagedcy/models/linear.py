@@ -127,19 +127,19 @@ def _block_linear(x, raw: np.ndarray, qtype, k: int, out, num_threads):
 
 class Weight:
     """Base of the weight classes: ``shape`` (N, K), ``format`` (its storage's name),
-    ``nbytes`` (bytes held), ``linear``, ``take_rows`` and ``dense``."""
+    ``nbytes`` (bytes held), ``linear``, ``take_rows`` and ``dense``. A subclass sets the
+    three attributes and implements ``_linear`` and ``_take``."""
 
     shape: tuple[int, int]
     format: str
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the stored matrix."""
-        raise NotImplementedError
+    nbytes: int
 
     def linear(self, x: np.ndarray, out: np.ndarray, num_threads=None) -> np.ndarray:
         """``out[...] = x @ W.T``: ``x`` float32 ``[M, K]``, ``out`` float32 ``[M, N]``,
         both C-contiguous. Returns ``out``."""
+        return self._linear(x, out, num_threads)
+
+    def _linear(self, x, out, num_threads):
         raise NotImplementedError
 
     def take_rows(self, ids, out: np.ndarray) -> np.ndarray:
@@ -172,20 +172,13 @@ class DenseWeight(Weight):
         self.data = np.ascontiguousarray(data, dtype=np.float32)
         if self.data.ndim != 2:
             raise ValueError(f"a weight must be 2-D, got shape {self.data.shape}")
-        self.shape = self.data.shape
+        self.shape, self.nbytes = self.data.shape, self.data.nbytes
 
-    @property
-    def nbytes(self) -> int:
-        return self.data.nbytes
-
-    def linear(self, x, out, num_threads=None):
+    def _linear(self, x, out, num_threads):
         return _gemm.linear(x, self.data, out, num_threads)
 
     def _take(self, rows, out):
         np.take(self.data, rows, axis=0, out=out)
-
-    def dense(self):
-        return self.data.copy()
 
 
 class HalfWeight(Weight):
@@ -205,13 +198,9 @@ class HalfWeight(Weight):
                              f"{data.dtype} {data.shape}")
         self.bits = np.ascontiguousarray(data).view(np.uint16)
         self.format = fmt
-        self.shape = self.bits.shape
+        self.shape, self.nbytes = self.bits.shape, self.bits.nbytes
 
-    @property
-    def nbytes(self) -> int:
-        return self.bits.nbytes
-
-    def linear(self, x, out, num_threads=None):
+    def _linear(self, x, out, num_threads):
         return _half_linear(x, self.bits, self.format, out, num_threads)
 
     def _take(self, rows, out):
@@ -244,13 +233,9 @@ class BlockWeight(Weight):
                              f"bytes; got raw shape {raw.shape}")
         self.raw, self.qtype = raw, qtype
         self.format = qtype.name.lower()
-        self.shape = (raw.shape[0], cols)
+        self.shape, self.nbytes = (raw.shape[0], cols), raw.nbytes
 
-    @property
-    def nbytes(self) -> int:
-        return self.raw.nbytes
-
-    def linear(self, x, out, num_threads=None):
+    def _linear(self, x, out, num_threads):
         return _block_linear(x, self.raw, self.qtype, self.shape[1], out, num_threads)
 
     def _take(self, rows, out):
@@ -273,12 +258,9 @@ class StackedWeight(Weight):
         self.offsets = np.cumsum([0] + [p.shape[0] for p in self.parts])
         self.shape = (int(self.offsets[-1]), ks.pop())
         self.format = "+".join(p.format for p in self.parts)
+        self.nbytes = sum(p.nbytes for p in self.parts)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
-
-    def linear(self, x, out, num_threads=None):
+    def _linear(self, x, out, num_threads):
         m = _check_io(x, out, *self.shape)
         for p, lo, hi in zip(self.parts, self.offsets[:-1], self.offsets[1:]):
             o = _scratch("stacked", m * (hi - lo)).reshape(m, hi - lo)

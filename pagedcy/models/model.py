@@ -25,8 +25,9 @@ _SLOT_FIELDS = ("positions", "slot_pages", "slot_offsets", "qo_indptr", "kv_lens
 
 
 def linear(x: np.ndarray, weight: Weight, out: np.ndarray, num_threads: int) -> np.ndarray:
-    """``out = x @ weight.T`` in the weight's format: every projection of the forward pass
-    goes through here (one name for the step profiler to time)."""
+    """``out = x @ weight.T`` (``x`` float32 ``[M, K]``, ``out`` float32 ``[M, N]``) in the
+    weight's format: every projection of the forward pass goes through here (one name for
+    the step profiler to time)."""
     return weight.linear(x, out, num_threads)
 
 

@@ -59,11 +59,12 @@ class WeightStorage:
         self.dtype, self.quantization = dtype, quantization
 
     def vector(self, stored: np.ndarray, fmt: str) -> np.ndarray:
-        """Float32 copy of a norm weight or a bias."""
+        """A norm weight or a bias (``stored`` 1-D, format ``fmt``) as a float32 array."""
         return widen(stored, fmt)
 
     def table(self, stored: np.ndarray, fmt: str, name: str = "tensor") -> Weight:
-        """A matrix held per ``dtype`` (never quantized)."""
+        """A 2-D ``stored`` matrix (format ``fmt``, as CheckpointReader.get_stored returns
+        it) held per ``dtype`` (never quantized)."""
         want = fmt if self.dtype == "auto" else self.dtype
         if want == "float32":
             return DenseWeight(widen(stored, fmt))
@@ -80,7 +81,8 @@ class WeightStorage:
         return HalfWeight(half)
 
     def matrix(self, stored: np.ndarray, fmt: str, name: str = "tensor") -> Weight:
-        """A projection: quantized when ``quantization`` is set, else as :meth:`table`."""
+        """A projection ``stored`` ``[N, K]`` (format ``fmt``): quantized when
+        ``quantization`` is set, else as :meth:`table`."""
         if self.quantization is None:
             return self.table(stored, fmt, name)
         try:
