@@ -128,3 +128,32 @@ def test_bad_inputs_raise():
         L.BlockWeight(np.zeros((4, 33), np.uint8), "q8_0", 32)
     with pytest.raises(ValueError, match="unknown"):
         L.BlockWeight(np.zeros((4, 34), np.uint8), "q9_9", 32)
+
+
+def test_native_entry_point_is_used_when_present(monkeypatch):
+    """With ``_gemm.linear_rows`` (the native kernels' entry point), 16-bit and block weights
+    call it with their stored rows and format name; ``_gemm.ROW_FORMATS``, when declared,
+    limits it to the formats it lists (the others keep the fallback)."""
+    from pagedcy._libs import _gemm
+
+    calls = []
+
+    def fake(x, rows, fmt, out, num_threads):
+        calls.append((fmt, rows.dtype))
+        out[...] = 7.0
+        return out
+
+    monkeypatch.setattr(_gemm, "linear_rows", fake, raising=False)
+    w = np.ones((4, 32), np.float32)
+    x = np.ones((2, 32), np.float32)
+    for wt in _weights(w)[1:]:
+        out = np.zeros((2, 4), np.float32)
+        wt.linear(x, out)
+        assert np.all(out == 7.0)
+    assert calls == [("float16", np.uint16), ("bfloat16", np.uint16), ("q8_0", np.uint8),
+                     ("q4_0", np.uint8)]
+    monkeypatch.setattr(_gemm, "ROW_FORMATS", ("bfloat16",), raising=False)
+    out = np.zeros((2, 4), np.float32)
+    _weights(w)[3].linear(x, out)                     # q8_0: not listed, the fallback
+    np.testing.assert_allclose(out, 32.0, rtol=1e-3)      # x @ dequantized ones
+    assert len(calls) == 4

@@ -89,9 +89,12 @@ def _widen_half(bits: np.ndarray, fmt: str, dst: np.ndarray) -> None:
         np.copyto(dst, bits.view(np.float16))
 
 
-def _native(name: str):
-    """``pagedcy._libs._gemm.<name>`` when the native GEMM provides it, else None."""
-    return getattr(_gemm, name, None)
+def _native(fmt: str):
+    """The native GEMM's ``_gemm.linear_rows`` when it exists and runs format ``fmt``
+    (``_gemm.ROW_FORMATS`` lists them, if it declares them), else None."""
+    fn = getattr(_gemm, "linear_rows", None)
+    formats = getattr(_gemm, "ROW_FORMATS", None)
+    return fn if fn is not None and (formats is None or fmt in formats) else None
 
 
 def _half_linear(x, bits: np.ndarray, fmt: str, out, num_threads):
@@ -100,7 +103,7 @@ def _half_linear(x, bits: np.ndarray, fmt: str, out, num_threads):
     NATIVE KERNEL PLUG-IN: ``_gemm.linear_rows(x, rows, fmt, out, num_threads)`` (rows the
     raw row bytes/bit patterns, fmt the format name) when it exists; else the chunked
     widening fallback."""
-    native = _native("linear_rows")
+    native = _native(fmt)
     if native is not None:
         return native(x, bits, fmt, out, num_threads)
     n, k = bits.shape
@@ -114,7 +117,7 @@ def _block_linear(x, raw: np.ndarray, qtype, k: int, out, num_threads):
     NATIVE KERNEL PLUG-IN: ``_gemm.linear_rows(x, raw, fmt, out, num_threads)`` with fmt
     the lower-case GGML type name, once the GEMM decodes block formats through
     ``pagedcy_rowfmt.h``; until then ``gguf.quants.dequantize`` a chunk of rows at a time."""
-    native = _native("linear_rows")
+    native = _native(qtype.name.lower())
     if native is not None:
         return native(x, raw, qtype.name.lower(), out, num_threads)
     from gguf.quants import dequantize

@@ -40,11 +40,11 @@ def embed_multiplier(scale: float, table: Weight) -> np.float32:
     does for Gemma (``torch.tensor(hidden ** 0.5, dtype=embed dtype)``: sqrt(1152) = 33.94 is
     34.0 in bfloat16), so a 16-bit table matches transformers run in that dtype and a float32
     one matches transformers in float32. Block formats take it unrounded (as llama.cpp)."""
-    s = np.float32(scale)
+    s = np.float32(scale)       # torch.tensor(float) is float32, then .to(the table's dtype)
     if isinstance(table, HalfWeight) and table.format == "bfloat16":
         return bf16_bits_to_f32(to_bf16_bits(np.array([s])))[0]
     if isinstance(table, HalfWeight):
-        return np.float32(np.float16(scale))
+        return np.float32(np.float16(s))
     return s
 
 
