@@ -164,3 +164,56 @@ def test_engine_and_cli_pass_the_options(bf16_dir):
     assert (kw["dtype"], kw["quantization"]) == ("bfloat16", "q8_0")
     with pytest.raises(SystemExit):
         p.parse_args(["--dtype", "float64"])
+
+
+class BlockReader:
+    """A stand-in for a GGUF file's reader: the checkpoint's tensors by their HF names, with
+    q/k/gate/up/down handed over as raw Q8_0 rows and v as float16 (Q4_K_M-style mixed
+    formats in one fused q|k|v), or (``dense=True``) as float32 of the same values."""
+
+    def __init__(self, path, dense=False):
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize, quantize
+
+        from pagedcy.models.weights import CheckpointReader
+        self._r, self._dense = CheckpointReader(path), dense
+        self._q = lambda a: quantize(a, GGMLQuantizationType.Q8_0)
+        self._dq = lambda raw: dequantize(raw, GGMLQuantizationType.Q8_0)
+
+    def get(self, name, shape=None):
+        return self._r.get(name, shape)
+
+    def get_stored(self, name, shape=None):
+        a = self._r.get(name, shape)
+        if name.endswith("v_proj.weight"):
+            half = a.astype(np.float16)
+            return (half.astype(np.float32), "float32") if self._dense else (half, "float16")
+        if name.endswith("proj.weight"):
+            raw = self._q(a)
+            return (self._dq(raw), "float32") if self._dense else (raw, "q8_0")
+        return a, "float32"
+
+
+def test_build_model_from_a_block_format_reader(tmp_path, prompts):
+    """Loaders other than safetensors hand build_model raw block rows: mixed formats in one
+    fused projection become a StackedWeight, and the logits are those of the same values
+    held in float32."""
+    pytest.importorskip("gguf")
+    from pagedcy.models import ModelConfig
+    from pagedcy.models.linear import StackedWeight
+    from pagedcy.models.loader import build_model
+
+    path = write_random_checkpoint(tmp_path, seed=4, vocab_size=512, tokenizer=False)
+    cfg = ModelConfig.from_dir(path)
+    mixed = build_model(cfg, BlockReader(path))
+    dense = build_model(cfg, BlockReader(path, dense=True))
+    lw = mixed._layers[0]
+    assert isinstance(lw.w_qkv, StackedWeight) and lw.w_qkv.format == "q8_0+float16"
+    assert isinstance(lw.w_gate_up, BlockWeight) and lw.w_gate_up.format == "q8_0"
+    assert isinstance(mixed._lm_head, DenseWeight)
+    # quantization applies to float tensors only: the reader's blocks stay as they are
+    requant = build_model(cfg, BlockReader(path), quantization="q4_0")
+    assert requant._layers[0].w_gate_up.format == "q8_0"
+    assert requant._layers[0].w_qkv.format == "q8_0+q4_0"
+    np.testing.assert_array_equal(lw.w_qkv.dense(), dense._layers[0].w_qkv.dense())
+    assert_close(prefill(mixed, prompts), prefill(dense, prompts), rtol=1e-6)

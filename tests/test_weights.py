@@ -100,6 +100,8 @@ def test_concat_keeps_one_format_and_stacks_mixed_ones():
     q = L.BlockWeight(quantize(parts[0], QT.Q8_0), QT.Q8_0, 64)
     mixed = L.concat_weights([q, L.HalfWeight(parts[1].astype(np.float16)), L.DenseWeight(parts[2])])
     assert isinstance(mixed, L.StackedWeight) and mixed.format == "q8_0+float16+float32"
+    runs = L.concat_weights([q, q, L.DenseWeight(parts[2])])     # consecutive q8_0 parts fuse
+    assert runs.format == "q8_0+float32" and [p.shape[0] for p in runs.parts] == [32, 8]
     dense = mixed.dense()
     out = np.empty((3, 32), np.float32)
     mixed.linear(x, out)

@@ -213,9 +213,10 @@ class HalfWeight(Weight):
 class BlockWeight(Weight):
     """A GGUF block-format ``[N, K]`` matrix: ``raw`` uint8 ``[N, row_bytes]`` as the file
     stores it (each row ``K / block`` blocks), ``qtype`` a ``gguf.GGMLQuantizationType``
-    (or its name, e.g. "Q8_0"). ``format`` is the type's lower-case name."""
+    (or its name, e.g. "Q8_0"), ``cols`` = K (None: from the row bytes). ``format`` is the
+    type's lower-case name."""
 
-    def __init__(self, raw: np.ndarray, qtype, cols: int):
+    def __init__(self, raw: np.ndarray, qtype, cols: int | None = None):
         from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
         if isinstance(qtype, str):
@@ -227,10 +228,12 @@ class BlockWeight(Weight):
         block, type_size = GGML_QUANT_SIZES[qtype]
         if block == 1:
             raise ValueError(f"{qtype.name} is not a block format: use DenseWeight/HalfWeight")
+        raw = np.ascontiguousarray(raw, dtype=np.uint8)
+        if cols is None:
+            cols = raw.shape[-1] // type_size * block if raw.ndim == 2 else 0
         cols = int(cols)
         if cols <= 0 or cols % block:
             raise ValueError(f"{qtype.name} rows need a multiple of {block} columns, got {cols}")
-        raw = np.ascontiguousarray(raw, dtype=np.uint8)
         if raw.ndim != 2 or raw.shape[1] != cols // block * type_size:
             raise ValueError(f"{qtype.name} rows of {cols} values take {cols // block * type_size} "
                              f"bytes; got raw shape {raw.shape}")
@@ -282,20 +285,33 @@ class StackedWeight(Weight):
 
 
 def concat_weights(parts) -> Weight:
-    """One weight holding the rows of ``parts`` in order (a fused q|k|v or gate|up): parts of
-    one class and format concatenate their stored rows (rows are independent, so raw block
-    rows concatenate too); mixed formats give a :class:`StackedWeight`."""
+    """One weight holding the rows of ``parts`` in order (a fused q|k|v or gate|up): runs of
+    consecutive parts of one class and format concatenate their stored rows (rows are
+    independent, so raw block rows concatenate too); several runs (mixed formats) give a
+    :class:`StackedWeight` over them."""
     parts = list(parts)
-    if len({p.shape[1] for p in parts}) != 1:
+    if not parts or len({p.shape[1] for p in parts}) != 1:
         raise ValueError(f"fused parts need the same columns, got {[p.shape for p in parts]}")
-    first = parts[0]
-    if len(parts) == 1:
+    runs: list[list[Weight]] = []
+    for p in parts:
+        if runs and type(p) is type(runs[-1][0]) and p.format == runs[-1][0].format \
+                and not isinstance(p, StackedWeight):
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    fused = [_concat_same(run) for run in runs]
+    return fused[0] if len(fused) == 1 else StackedWeight(fused)
+
+
+def _concat_same(run: list[Weight]) -> Weight:
+    """Parts of one class and format as one weight of that class."""
+    first = run[0]
+    if len(run) == 1:
         return first
-    if all(type(p) is type(first) and p.format == first.format for p in parts):
-        if isinstance(first, DenseWeight):
-            return DenseWeight(np.concatenate([p.data for p in parts]))
-        if isinstance(first, HalfWeight):
-            return HalfWeight(np.concatenate([p.bits for p in parts]), first.format)
-        if isinstance(first, BlockWeight):
-            return BlockWeight(np.concatenate([p.raw for p in parts]), first.qtype, first.shape[1])
-    return StackedWeight(parts)
+    if isinstance(first, DenseWeight):
+        return DenseWeight(np.concatenate([p.data for p in run]))
+    if isinstance(first, HalfWeight):
+        return HalfWeight(np.concatenate([p.bits for p in run]), first.format)
+    if isinstance(first, BlockWeight):
+        return BlockWeight(np.concatenate([p.raw for p in run]), first.qtype, first.shape[1])
+    return StackedWeight(run)

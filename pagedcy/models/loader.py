@@ -9,7 +9,7 @@ from pagedcy.models.model import CausalLM
 from pagedcy.models.storage import WeightStorage, check_load_options
 from pagedcy.models.weights import CheckpointReader
 
-__all__ = ["load_model"]
+__all__ = ["load_model", "build_model"]
 
 
 def load_model(path: str | os.PathLike, *, num_threads: int | None = None, dtype: str = "auto",
@@ -28,7 +28,22 @@ def load_model(path: str | os.PathLike, *, num_threads: int | None = None, dtype
     if not os.path.isdir(path):
         raise FileNotFoundError(f"model directory {os.fspath(path)!r} does not exist")
     cfg = ModelConfig.from_dir(path)
-    reader = CheckpointReader(path)
+    return build_model(cfg, CheckpointReader(path), num_threads=num_threads, dtype=dtype,
+                       quantization=quantization)
+
+
+def build_model(cfg: ModelConfig, reader, *, num_threads: int | None = None, dtype: str = "auto",
+                quantization: str | None = None) -> CausalLM:
+    """A CausalLM of ``cfg`` from the tensors of ``reader``, by their Hugging Face names and
+    conventions (Gemma's norm weights as ``w`` for a scale of ``1 + w``).
+
+    ``reader`` is a :class:`~pagedcy.models.weights.CheckpointReader` or any object with
+    ``get(name, shape) -> float32 array`` and ``get_stored(name, shape) -> (array, fmt)``
+    (``shape`` the logical shape; ``fmt`` "float32", "float16", "bfloat16" or a GGML block
+    type's lower-case name with raw rows uint8 ``[N, row_bytes]``): a GGUF file's reader
+    builds the same layers and model this way. ValueError names a missing or mis-shaped
+    tensor; ``dtype`` / ``quantization`` as :func:`load_model`.
+    """
     storage = WeightStorage(dtype, quantization)
     h, v = cfg.hidden_size, cfg.vocab_size
     name = "model.embed_tokens.weight"

@@ -16,7 +16,10 @@ vLLM's names and meanings:
   their in-features must be a multiple of 32) and held as
   :class:`~pagedcy.models.linear.BlockWeight`; an untied embedding table follows ``dtype``.
 
-Norm weights and biases are always float32 vectors.
+Norm weights and biases are always float32 vectors. A tensor a reader hands over already in
+a block format (a GGUF file's Q4_K, Q6_K, ...: ``fmt`` its lower-case GGML type name, ``stored``
+its raw rows uint8 ``[N, row_bytes]``) is held as it is, whatever ``dtype`` and
+``quantization`` say.
 """
 from __future__ import annotations
 
@@ -25,9 +28,10 @@ import numpy as np
 from pagedcy.models.linear import BlockWeight, DenseWeight, HalfWeight, Weight
 from pagedcy.models.weights import bf16_bits_to_f32, to_bf16_bits
 
-__all__ = ["DTYPES", "QUANTIZATIONS", "WeightStorage", "check_load_options"]
+__all__ = ["DTYPES", "QUANTIZATIONS", "FLOAT_FORMATS", "WeightStorage", "check_load_options"]
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+FLOAT_FORMATS = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = (None, "q8_0", "q4_0")
 
 
@@ -52,19 +56,17 @@ def widen(stored: np.ndarray, fmt: str) -> np.ndarray:
 class WeightStorage:
     """Builds each tensor's in-RAM object under the ``dtype`` / ``quantization`` options
     (see the module docstring). ``matrix`` for projections and the LM head, ``table`` for an
-    untied embedding table, ``vector`` for norms and biases."""
+    untied embedding table (norms and biases are float32 arrays, not weights)."""
 
     def __init__(self, dtype: str = "auto", quantization: str | None = None):
         check_load_options(dtype, quantization)
         self.dtype, self.quantization = dtype, quantization
 
-    def vector(self, stored: np.ndarray, fmt: str) -> np.ndarray:
-        """A norm weight or a bias (``stored`` 1-D, format ``fmt``) as a float32 array."""
-        return widen(stored, fmt)
-
     def table(self, stored: np.ndarray, fmt: str, name: str = "tensor") -> Weight:
         """A 2-D ``stored`` matrix (format ``fmt``, as CheckpointReader.get_stored returns
         it) held per ``dtype`` (never quantized)."""
+        if fmt not in FLOAT_FORMATS:
+            return BlockWeight(stored, fmt)
         want = fmt if self.dtype == "auto" else self.dtype
         if want == "float32":
             return DenseWeight(widen(stored, fmt))
@@ -83,7 +85,7 @@ class WeightStorage:
     def matrix(self, stored: np.ndarray, fmt: str, name: str = "tensor") -> Weight:
         """A projection ``stored`` ``[N, K]`` (format ``fmt``): quantized when
         ``quantization`` is set, else as :meth:`table`."""
-        if self.quantization is None:
+        if self.quantization is None or fmt not in FLOAT_FORMATS:
             return self.table(stored, fmt, name)
         try:
             from gguf import GGMLQuantizationType
