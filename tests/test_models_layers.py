@@ -108,6 +108,35 @@ def test_silu_mul_extremes():
     assert np.all(np.isfinite(out[:, 1:])) and out[0, 0] == 0.0 and out[0, 2] == 0.0
 
 
+@SET
+@given(n=st.integers(0, 70), width=st.integers(1, 300), seed=st.integers(0, 2**16),
+       threads=st.sampled_from([1, 2]))
+def test_gelu_tanh_mul(n, width, seed, threads):
+    """GELU's tanh approximation (transformers' gelu_pytorch_tanh) times up, against float64."""
+    rng = np.random.default_rng(seed)
+    gu = (rng.standard_normal((n, 2 * width)) * 6).astype(np.float32)
+    out = np.full((n, width), np.nan, np.float32)
+    _layers.gelu_tanh_mul(gu, out, threads)
+    g, u = gu[:, :width].astype(np.float64), gu[:, width:].astype(np.float64)
+    want = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3))) * u
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_gelu_tanh_mul_extremes_and_errors():
+    gu = np.array([[-1e30, 1e30, 0.0, -30.0, 2.0, 3.0, 1.0, 1.0]], np.float32)
+    out = np.empty((1, 4), np.float32)
+    _layers.gelu_tanh_mul(gu, out)
+    assert out[0, 0] == 0.0 and out[0, 1] == np.float32(1e30) * np.float32(3) and out[0, 2] == 0.0
+    assert -1e-30 < out[0, 3] <= 0.0             # no cancellation in 1 + tanh(u) for g << 0
+    with pytest.raises(ValueError):
+        _layers.gelu_tanh_mul(np.zeros((2, 7), np.float32), np.zeros((2, 3), np.float32))
+    with pytest.raises(TypeError):
+        _layers.gelu_tanh_mul(np.zeros((2, 8), np.int32), np.zeros((2, 4), np.float32))
+    gu = np.zeros((2, 8), np.float32)
+    with pytest.raises(ValueError, match="overlap"):
+        _layers.gelu_tanh_mul(gu[:1], gu.reshape(-1)[4:8].reshape(1, 4))
+
+
 def _rope_args(n=3, H=4, Hk=2, D=8, P=16):
     f = lambda *s: np.zeros(s, np.float32)  # noqa: E731
     return dict(qkv=f(n, (H + 2 * Hk) * D), positions=np.zeros(n, np.int32), cos=f(P, D // 2),
