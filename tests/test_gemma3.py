@@ -20,7 +20,7 @@ pytest.importorskip("safetensors")
 from model_helpers import (SlotAllocator, assert_close, hf_logits,  # noqa: E402
                            run_and_compare)
 
-from pagedcy.engine import LLMEngine, SamplingParams  # noqa: E402
+from pagedcy import LLM, SamplingParams  # noqa: E402
 from pagedcy.models import ModelConfig, load_model, write_random_checkpoint  # noqa: E402
 
 TINY = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -205,25 +205,20 @@ def gen_case(tmp_path_factory):
     return path, prompts, want
 
 
-def _greedy(engine, prompts, params):
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, params)
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    return [done[f"r{i}"] for i in range(len(prompts))]
+def _generate(path, prompts, **params):
+    llm = LLM(path, page_size=4, num_threads=1, kv_cache_pages=96,
+              max_num_batched_tokens=params.pop("budget", 64))
+    return llm, llm.generate([{"prompt_token_ids": p} for p in prompts],
+                             SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, **params),
+                             use_tqdm=False)
 
 
 @pytest.mark.parametrize("budget", [64, 8])
 def test_continuous_batching_equals_generate(gen_case, budget):
-    """All prompts in one engine (chunked prefill with budget 8), prompts up to 4x the
-    window: the same tokens as transformers' generate for each prompt alone."""
+    """All prompts through one pagedcy.LLM (chunked prefill with budget 8), prompts up to 4x
+    the window: the same tokens as transformers' generate for each prompt alone."""
     path, prompts, want = gen_case
-    engine = LLMEngine(path, page_size=4, num_threads=1, kv_cache_pages=96,
-                       max_num_batched_tokens=budget)
-    got = _greedy(engine, prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS))
+    _, got = _generate(path, prompts, budget=budget)
     for i, (out, ref) in enumerate(zip(got, want)):
         assert out.outputs[0].token_ids == ref, f"prompt {i} ({len(prompts[i])} tokens)"
 
@@ -231,18 +226,15 @@ def test_continuous_batching_equals_generate(gen_case, budget):
 def test_generation_stops_at_every_eos_id(gen_case, tmp_path):
     """eos_token_id as a list (generation_config.json): whichever id comes first stops."""
     path, prompts, _ = gen_case
-    engine = LLMEngine(path, page_size=4, num_threads=1, kv_cache_pages=64)
-    free = _greedy(engine, prompts[:1], SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS,
-                                                       ignore_eos=True))[0].outputs[0].token_ids
-    k = 4
-    stop = free[k]
+    free = _generate(path, prompts[:1], ignore_eos=True)[1][0].outputs[0].token_ids
+    stop = free[4]
     first = free.index(stop)
     copy = str(tmp_path / "eos-list")
     shutil.copytree(path, copy)
     with open(os.path.join(copy, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": 1, "eos_token_id": [299 if stop != 299 else 298, stop]}, f)
-    engine = LLMEngine(copy, page_size=4, num_threads=1, kv_cache_pages=64)
-    assert stop in engine.model_config.eos_token_ids and len(engine.model_config.eos_token_ids) == 2
-    out = _greedy(engine, prompts[:1], SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS))[0]
+    llm, (out,) = _generate(copy, prompts[:1])
+    assert stop in llm.llm_engine.model_config.eos_token_ids
+    assert len(llm.llm_engine.model_config.eos_token_ids) == 2
     assert out.outputs[0].finish_reason == "stop"
     assert out.outputs[0].token_ids == free[:first + 1]      # the EOS token is kept, as vLLM

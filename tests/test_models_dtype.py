@@ -217,3 +217,17 @@ def test_build_model_from_a_block_format_reader(tmp_path, prompts):
     assert requant._layers[0].w_qkv.format == "q8_0+q4_0"
     np.testing.assert_array_equal(lw.w_qkv.dense(), dense._layers[0].w_qkv.dense())
     assert_close(prefill(mixed, prompts), prefill(dense, prompts), rtol=1e-6)
+
+
+def test_generate_cli_takes_dtype_and_quantization(bf16_dir, capsys):
+    from pagedcy.tools.cli import main
+
+    base = ["generate", "--model", bf16_dir, "--prompt", "Once upon", "--max-tokens", "4"]
+    texts = []
+    for extra in ([], ["--dtype", "float32"]):
+        assert main(base + extra) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] and texts[0].strip()       # auto == float32 on a bf16 file
+    with pytest.raises(SystemExit) as e:
+        main(base + ["--quantization", "q2_k"])
+    assert e.value.code == 2 and "q8_0" in capsys.readouterr().err
