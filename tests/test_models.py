@@ -25,6 +25,7 @@ CASES = {
     "llama3-rope": ("LlamaConfig", dict(rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32}, rope_theta=5000.0)),
+    "llama-linear-rope": ("LlamaConfig", dict(rope_scaling={"rope_type": "linear", "factor": 4.0})),
     "qwen2-bias": ("Qwen2Config", dict()),
     "qwen3-qknorm": ("Qwen3Config", dict(head_dim=32)),
     "mistral-window": ("MistralConfig", dict(sliding_window=5)),

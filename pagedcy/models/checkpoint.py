@@ -23,8 +23,8 @@ DEFAULTS = dict(vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attent
                 rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False)
 # Gemma 3's own defaults on top: head_dim not hidden / heads, a sliding window shorter than
 # test prompts, sliding and global layers mixed, two RoPE thetas, its query scale.
-GEMMA3_DEFAULTS = dict(head_dim=48, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
-                       rope_theta=1e6, rope_local_base_freq=10000.0, query_pre_attn_scalar=64,
+GEMMA3_DEFAULTS = dict(head_dim=48, sliding_window=8,
+                       layer_types=["sliding_attention", "full_attention"], rope_theta=1e6, rope_local_base_freq=10000.0, query_pre_attn_scalar=64,
                        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
                        final_logit_softcapping=None, attn_logit_softcapping=None)
 
@@ -101,8 +101,9 @@ def write_random_checkpoint(path, architecture: str = "LlamaForCausalLM", *, dty
     ``tokenizer_config.json`` (chat template, ``<s>``/``</s>`` specials) trained locally.
 
     ``config`` overrides config.json fields by their Hugging Face names (defaults: a tiny
-    model, :data:`DEFAULTS`, and for ``Gemma3ForCausalLM`` :data:`GEMMA3_DEFAULTS`). With a tokenizer, ``vocab_size`` is raised to fit it if
-    needed. Returns ``path``. ValueError for an unsupported architecture/dtype/config.
+    model, :data:`DEFAULTS`, and for ``Gemma3ForCausalLM`` :data:`GEMMA3_DEFAULTS`). With a
+    tokenizer, ``vocab_size`` is raised to fit it if needed. Returns ``path``. ValueError
+    for an unsupported architecture/dtype/config.
     """
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"unsupported architecture {architecture!r}; supported: "

@@ -140,8 +140,10 @@ class ModelConfig:
             sliding_window=window, tie_word_embeddings=_bool(raw, "tie_word_embeddings", gemma),
             attention_bias=(arch == "Qwen2ForCausalLM") or (bias and arch != "MistralForCausalLM"),
             qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
-            bos_token_id=None if bos is None else _token_id(bos, "bos_token_id"), eos_token_ids=eos_ids,
-            o_proj_bias=bias and arch in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM"),
+            bos_token_id=None if bos is None else _token_id(bos, "bos_token_id"),
+            eos_token_ids=eos_ids,
+            o_proj_bias=bias and arch in ("LlamaForCausalLM", "Qwen3ForCausalLM",
+                                          "Gemma3ForCausalLM"),
             mlp_bias=_bool(raw, "mlp_bias") and arch == "LlamaForCausalLM",
             sliding_layers=sliding, hidden_act=_ACTIVATIONS[act], **extra)
 
@@ -218,18 +220,22 @@ def _rope(raw, params=None, theta_default=10000.0):
     scaling = {k: v for k, v in params.items() if k not in ("type", "rope_theta")}
     scaling["rope_type"] = rope_type
     if rope_type == "linear":
-        v = scaling.get("factor")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ValueError(f"rope_scaling type 'linear' needs a positive number 'factor', got {v!r}")
-        return theta, {"rope_type": "linear", "factor": float(v)}
+        return theta, {"rope_type": "linear", "factor": _scaling_number(scaling, "factor")}
     scaling.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings"))
-    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
-        v = scaling.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ValueError(f"rope_scaling type 'llama3' needs a positive number {key!r}, got {v!r}")
+    for key in ("factor", "low_freq_factor", "high_freq_factor",
+                "original_max_position_embeddings"):
+        _scaling_number(scaling, key)
     if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:    # the smoothing divides by it
         raise ValueError("rope_scaling 'high_freq_factor' must exceed 'low_freq_factor'")
     return theta, scaling
+
+
+def _scaling_number(scaling, key):
+    v = scaling.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"rope_scaling type {scaling['rope_type']!r} needs a positive number "
+                         f"{key!r}, got {v!r}")
+    return float(v)
 
 
 def _sliding(raw, arch, layers):

@@ -52,7 +52,8 @@ def build_model(cfg: ModelConfig, reader, *, num_threads: int | None = None, dty
         # one table for both: lookups take the LM head's rows (quantized with it)
         lm_head, embed = storage.matrix(*table, name=name), None
     else:
-        lm_head = storage.matrix(*reader.get_stored("lm_head.weight", (v, h)), name="lm_head.weight")
+        head = "lm_head.weight"
+        lm_head = storage.matrix(*reader.get_stored(head, (v, h)), name=head)
         embed = storage.table(*table, name=name)
     del table
     layers = [load_layer(reader, cfg, i, storage) for i in range(cfg.num_layers)]

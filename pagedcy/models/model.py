@@ -70,8 +70,11 @@ class CausalLM:
         self._nt = resolve_num_threads(num_threads)
         # one RoPE table per distinct (theta, scaling): Gemma's sliding and global layers differ
         tables: dict[str, RopeTable] = {}
-        self._layer_rope = [tables.setdefault(repr(config.rope_params(i)), RopeTable(config, layer=i))
-                            for i in range(config.num_layers)]
+        for i in range(config.num_layers):
+            key = repr(config.rope_params(i))
+            if key not in tables:
+                tables[key] = RopeTable(config, layer=i)
+        self._layer_rope = [tables[repr(config.rope_params(i))] for i in range(config.num_layers)]
         self._ropes = list(tables.values())
         self._ws = Workspace(config)
         self._pages = PagesAdapter(config.num_layers, config.num_kv_heads, config.head_dim)

@@ -15,7 +15,10 @@ def inv_freq(config: ModelConfig, layer: int | None = None) -> np.ndarray:
     the ``linear`` or ``llama3`` scaling when configured; for ``layer``, that layer's theta
     and scaling (``ModelConfig.rope_params``: Gemma 3's sliding layers differ). Float32
     throughout, as transformers does, so the angles round the same way."""
-    theta, sc = (config.rope_theta, config.rope_scaling) if layer is None else config.rope_params(layer)
+    if layer is None:
+        theta, sc = config.rope_theta, config.rope_scaling
+    else:
+        theta, sc = config.rope_params(layer)
     d = config.head_dim
     exps = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
     inv = (np.float32(1.0) / (np.float32(theta) ** exps)).astype(np.float32)

@@ -291,7 +291,8 @@ def workload_b(args, model_dir, vocab):
     from pagedcy.tools import engine_baselines as base
     _, (npl, npp, ntg), _ = _sizes(args)
     _progress(f"workload B: pagedcy {npl} x ({npp} + {ntg})")
-    eng = _engine(model_dir, args.threads, max_num_batched_tokens=args.batched_tokens, **args.weights)
+    eng = _engine(model_dir, args.threads, max_num_batched_tokens=args.batched_tokens,
+                  **args.weights)
     run_batched(eng, 2, 16, 2, vocab, seed=99)                 # warm-up
     ours = run_batched(eng, npl, npp, ntg, vocab)
     ours["single_prefill_tps"], ours["single_decode_tps"] = run_single(eng, npp, 64, vocab)
@@ -326,7 +327,8 @@ def overheads(args, model_dir, cfg, prompts_a):
     chunk = min(args.batched_tokens, npl * npp)
     gemm_tps = chunk / gemm_only_seconds(cfg, chunk, max(1, chunk // npp))
     _progress(f"decode breakdown at {dec} sequences")
-    eng = _engine(model_dir, args.threads, max_num_batched_tokens=args.batched_tokens, **args.weights)
+    eng = _engine(model_dir, args.threads, max_num_batched_tokens=args.batched_tokens,
+                  **args.weights)
     prof = StepProfile()
     r = run_batched(eng, dec, npp, 16, cfg.vocab_size, seed=3, profile=prof)
     _progress("peak RSS (subprocess)")
