@@ -77,3 +77,23 @@ def assert_close(got, want, rtol=1e-4):
     assert got.shape == want.shape, (got.shape, want.shape)
     err = np.abs(got - want).max()
     assert err <= rtol * np.abs(want).max(), f"max abs err {err:.3g} vs scale {np.abs(want).max():.3g}"
+
+
+def run_and_compare(model, ref, prompts, decode_steps=3, seed=1):
+    """Prefill all prompts in one forward, then decode_steps batched teacher-forced steps;
+    every step's logits match transformers' on the full sequences."""
+    rng = np.random.default_rng(seed)
+    V = model.config.vocab_size
+    seqs = [list(p) + list(rng.integers(0, V, decode_steps)) for p in prompts]
+    want = [hf_logits(ref, s) for s in seqs]
+    alloc = SlotAllocator(model, max_pages=96, page_size=4, seed=seed)
+    ids = np.concatenate([np.asarray(p, np.int32) for p in prompts])
+    slots = alloc.step(range(len(prompts)), [len(p) for p in prompts])
+    got = model.forward(alloc.store.pages(), ids, slots)
+    assert got.shape == (len(prompts), V) and got.dtype == np.float32
+    assert_close(got, np.stack([w[len(p) - 1] for w, p in zip(want, prompts)]))
+    for t in range(decode_steps):
+        ids = np.asarray([s[len(p) + t] for s, p in zip(seqs, prompts)], np.int32)
+        slots = alloc.step(range(len(prompts)), [1] * len(prompts))
+        got = model.forward(alloc.store.pages(), ids, slots)
+        assert_close(got, np.stack([w[len(p) + t] for w, p in zip(want, prompts)]))

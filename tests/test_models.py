@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from model_helpers import SlotAllocator, assert_close, hf_logits, randomize  # noqa: E402
+from model_helpers import (SlotAllocator, assert_close, hf_logits, randomize,  # noqa: E402
+                           run_and_compare)
 
 from pagedcy.models import load_model  # noqa: E402
 
@@ -24,6 +25,7 @@ CASES = {
     "llama3-rope": ("LlamaConfig", dict(rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32}, rope_theta=5000.0)),
+    "llama-linear-rope": ("LlamaConfig", dict(rope_scaling={"rope_type": "linear", "factor": 4.0})),
     "qwen2-bias": ("Qwen2Config", dict()),
     "qwen3-qknorm": ("Qwen3Config", dict(head_dim=32)),
     "mistral-window": ("MistralConfig", dict(sliding_window=5)),
@@ -51,26 +53,6 @@ def pair(request, tmp_path_factory):
     cls_name, overrides = CASES[request.param]
     path, ref = build_hf(tmp_path_factory, request.param, cls_name, overrides)
     return load_model(path, num_threads=2), ref
-
-
-def run_and_compare(model, ref, prompts, decode_steps=3, seed=1):
-    """Prefill all prompts in one forward, then decode_steps batched teacher-forced steps;
-    every step's logits match transformers' on the full sequences."""
-    rng = np.random.default_rng(seed)
-    V = model.config.vocab_size
-    seqs = [list(p) + list(rng.integers(0, V, decode_steps)) for p in prompts]
-    want = [hf_logits(ref, s) for s in seqs]
-    alloc = SlotAllocator(model, max_pages=96, page_size=4, seed=seed)
-    ids = np.concatenate([np.asarray(p, np.int32) for p in prompts])
-    slots = alloc.step(range(len(prompts)), [len(p) for p in prompts])
-    got = model.forward(alloc.store.pages(), ids, slots)
-    assert got.shape == (len(prompts), V) and got.dtype == np.float32
-    assert_close(got, np.stack([w[len(p) - 1] for w, p in zip(want, prompts)]))
-    for t in range(decode_steps):
-        ids = np.asarray([s[len(p) + t] for s, p in zip(seqs, prompts)], np.int32)
-        slots = alloc.step(range(len(prompts)), [1] * len(prompts))
-        got = model.forward(alloc.store.pages(), ids, slots)
-        assert_close(got, np.stack([w[len(p) + t] for w, p in zip(want, prompts)]))
 
 
 def test_prefill_and_decode_match_transformers(pair):

@@ -89,16 +89,27 @@ def test_qkv_rope(n, heads, group, half, bias, qk, seed, threads):
     np.testing.assert_allclose(v, xv, rtol=1e-6, atol=1e-6)
 
 
+def _silu_ref(g):
+    return g / (1 + np.exp(-g))
+
+
+def _gelu_tanh_ref(g):   # transformers' gelu_pytorch_tanh
+    return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+
+
+@pytest.mark.parametrize("kernel, ref", [("silu_mul", _silu_ref),
+                                         ("gelu_tanh_mul", _gelu_tanh_ref)])
 @SET
 @given(n=st.integers(0, 70), width=st.integers(1, 300), seed=st.integers(0, 2**16),
        threads=st.sampled_from([1, 2]))
-def test_silu_mul(n, width, seed, threads):
+def test_activation_mul(kernel, ref, n, width, seed, threads):
+    """act(gate) * up against float64, for each activation kernel."""
     rng = np.random.default_rng(seed)
     gu = (rng.standard_normal((n, 2 * width)) * 6).astype(np.float32)
     out = np.full((n, width), np.nan, np.float32)
-    _layers.silu_mul(gu, out, threads)
+    getattr(_layers, kernel)(gu, out, threads)
     g, u = gu[:, :width].astype(np.float64), gu[:, width:].astype(np.float64)
-    np.testing.assert_allclose(out, g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out, ref(g) * u, rtol=1e-5, atol=1e-6)
 
 
 def test_silu_mul_extremes():
@@ -106,6 +117,14 @@ def test_silu_mul_extremes():
     out = np.empty((1, 3), np.float32)
     _layers.silu_mul(gu, out)
     assert np.all(np.isfinite(out[:, 1:])) and out[0, 0] == 0.0 and out[0, 2] == 0.0
+
+
+def test_gelu_tanh_mul_extremes():
+    gu = np.array([[-1e30, 1e30, 0.0, -30.0, 2.0, 3.0, 1.0, 1.0]], np.float32)
+    out = np.empty((1, 4), np.float32)
+    _layers.gelu_tanh_mul(gu, out)
+    assert out[0, 0] == 0.0 and out[0, 1] == np.float32(1e30) * np.float32(3) and out[0, 2] == 0.0
+    assert -1e-30 < out[0, 3] <= 0.0             # no cancellation in 1 + tanh(u) for g << 0
 
 
 def _rope_args(n=3, H=4, Hk=2, D=8, P=16):
@@ -167,12 +186,13 @@ def test_rms_norm_and_silu_bad_input():
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="writable"):
         _layers.rms_norm(x, w, 1e-6, ro)
-    with pytest.raises(ValueError):
-        _layers.silu_mul(np.zeros((2, 7), np.float32), np.zeros((2, 3), np.float32))
-    with pytest.raises(ValueError):
-        _layers.silu_mul(np.zeros((2, 8), np.float32), np.zeros((2, 3), np.float32))
-    with pytest.raises(TypeError):
-        _layers.silu_mul(np.zeros((2, 8), np.int32), np.zeros((2, 4), np.float32))
-    gu = np.zeros((2, 8), np.float32)
-    with pytest.raises(ValueError, match="overlap"):
-        _layers.silu_mul(gu[:1], gu.reshape(-1)[4:8].reshape(1, 4))
+    for act_mul in (_layers.silu_mul, _layers.gelu_tanh_mul):
+        with pytest.raises(ValueError):
+            act_mul(np.zeros((2, 7), np.float32), np.zeros((2, 3), np.float32))
+        with pytest.raises(ValueError):
+            act_mul(np.zeros((2, 8), np.float32), np.zeros((2, 3), np.float32))
+        with pytest.raises(TypeError):
+            act_mul(np.zeros((2, 8), np.int32), np.zeros((2, 4), np.float32))
+        gu = np.zeros((2, 8), np.float32)
+        with pytest.raises(ValueError, match="overlap"):
+            act_mul(gu[:1], gu.reshape(-1)[4:8].reshape(1, 4))

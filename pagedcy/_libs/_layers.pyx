@@ -1,7 +1,8 @@
 """Elementwise transformer kernels on preallocated float32 buffers.
 
 The model's forward pass runs its projections as BLAS matmuls; everything between them
-(RMSNorm with the residual add, q/k/v bias + per-head q/k norm + RoPE + split, SiLU(gate)*up)
+(RMSNorm with the residual add, q/k/v bias + per-head q/k norm + RoPE + split, SiLU(gate)*up
+or GELU-tanh(gate)*up)
 runs here as GIL-free C loops over rows that write into buffers the caller owns, instead of
 chains of NumPy temporaries. Rows are spread over OpenMP threads only when a call has enough
 work to pay for the fork/join (a prefill, not a decode step).
@@ -216,6 +217,20 @@ def silu_mul(gate_up, out, num_threads=None):
     """``out = silu(gate) * up`` where each row of ``gate_up`` (float32 ``[n, 2*I]``) is
     gate | up and ``out`` is float32 ``[n, I]`` (not overlapping ``gate_up``).
     TypeError for dtypes, ValueError for shapes, contiguity or overlap."""
+    _act_mul(gate_up, out, num_threads, pagedcy_silu_mul_row)
+
+
+def gelu_tanh_mul(gate_up, out, num_threads=None):
+    """``out = gelu_tanh(gate) * up`` (GELU's tanh approximation, transformers'
+    ``gelu_pytorch_tanh``) with ``gate_up`` and ``out`` as :func:`silu_mul`'s."""
+    _act_mul(gate_up, out, num_threads, pagedcy_gelu_tanh_mul_row)
+
+
+ctypedef void (*_act_row_fn)(const float *gate_up, float *out, Py_ssize_t width) noexcept nogil
+
+
+cdef _act_mul(gate_up, out, num_threads, _act_row_fn row):
+    """Check gate_up [n, 2*I] and out [n, I], then run ``row`` on every row."""
     cdef cnp.ndarray ga = _f32(gate_up, "gate_up", (None, None))
     cdef Py_ssize_t n = ga.shape[0], w2 = ga.shape[1], i
     if w2 % 2:
@@ -229,8 +244,8 @@ def silu_mul(gate_up, out, num_threads=None):
     cdef float *op = <float *>cnp.PyArray_DATA(oa)
     if nt > 1:
         for i in prange(n, nogil=True, num_threads=nt, schedule="static"):
-            pagedcy_silu_mul_row(gp + i * w2, op + i * w, w)
+            row(gp + i * w2, op + i * w, w)
     else:
         with nogil:
             for i in range(n):
-                pagedcy_silu_mul_row(gp + i * w2, op + i * w, w)
+                row(gp + i * w2, op + i * w, w)

@@ -28,9 +28,12 @@ class LLMEngine:
     LLMEngine(model_dir, *, kv_cache_pages=None, page_size=16, kv_dtype="float32",
               max_num_seqs=256, max_num_batched_tokens=2048, enable_prefix_cache=True,
               num_threads=None, seed=0, preemption_mode="recompute", swap_pages=0,
-              max_model_len=None)
+              max_model_len=None, dtype="auto", quantization=None)
 
     model_dir: a Hugging Face checkpoint directory (``pagedcy.models.load_model``).
+    dtype / quantization: how the weights are held (``load_model``'s options, vLLM's names):
+    dtype "auto" (as stored: 16-bit stays 16-bit), "float32", "float16" or "bfloat16";
+    quantization None, "q8_0" or "q4_0" (GGUF block formats, quantized at load).
     kv_cache_pages: pages in the KV pool (None: :func:`default_num_pages`).
     max_num_seqs / max_num_batched_tokens: at most this many sequences / new tokens in
     one step (longer prompts are prefilled in chunks). preemption_mode: "recompute" or
@@ -49,7 +52,7 @@ class LLMEngine:
     def __init__(self, model_dir, *, kv_cache_pages=None, page_size=16, kv_dtype="float32",
                  max_num_seqs=256, max_num_batched_tokens=2048, enable_prefix_cache=True,
                  num_threads=None, seed=0, preemption_mode="recompute", swap_pages=0,
-                 max_model_len=None):
+                 max_model_len=None, dtype="auto", quantization=None):
         if not isinstance(model_dir, (str, os.PathLike)):
             raise TypeError(f"model_dir must be a path, got {type(model_dir).__name__}")
         options = dict(kv_cache_pages=kv_cache_pages, page_size=page_size, kv_dtype=kv_dtype,
@@ -59,7 +62,8 @@ class LLMEngine:
                        max_model_len=max_model_len)
         _check_options(**options)   # before the (slow) load
         from pagedcy.models import load_model
-        model = load_model(model_dir, num_threads=num_threads)
+        model = load_model(model_dir, num_threads=num_threads, dtype=dtype,
+                           quantization=quantization)
         self._setup(model, load_tokenizer(model_dir), os.fspath(model_dir), **options)
 
     @classmethod

@@ -1,10 +1,13 @@
-"""Run Hugging Face decoder-only checkpoints (Llama, Mistral, Qwen2, Qwen3) on the paged KV cache.
+"""Run Hugging Face decoder-only checkpoints (Llama, Mistral, Qwen2, Qwen3, Gemma 3) on the
+paged KV cache.
 
     from pagedcy.models import load_model
     model = load_model("path/to/checkpoint")          # config.json + *.safetensors
     logits = model.forward(store.pages(), token_ids, slots)
 
-Weights compute in float32 (4 bytes per parameter in RAM, whatever the file's dtype).
+Weights are held as the file stores them by default (``dtype="auto"``: 16-bit stays 16-bit),
+widened to float32 (``dtype="float32"``) or quantized at load (``quantization="q8_0"``);
+compute is float32 (:mod:`pagedcy.models.storage`, :mod:`pagedcy.models.linear`).
 safetensors / tokenizers are imported only when a checkpoint is loaded or written.
 """
 from pagedcy.models.config import SUPPORTED_ARCHITECTURES, SUPPORTED_ROPE_TYPES, ModelConfig

@@ -8,24 +8,25 @@ import numpy as np
 
 from pagedcy.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from pagedcy.models import tokenizer as _tok
+from pagedcy.models.weights import to_bf16_bits
 
 __all__ = ["write_random_checkpoint", "to_bf16_bits"]
 
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                "Gemma3ForCausalLM": "gemma3_text"}
 _DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16),
            "bfloat16": ("BF16", None)}
 
 DEFAULTS = dict(vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, intermediate_size=256, max_position_embeddings=4096,
                 rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False)
-
-
-def to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """Round float32 to bfloat16 (nearest, ties to even) and return the uint16 bit patterns."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-    return (rounded >> np.uint32(16)).astype(np.uint16)
+# Gemma 3's own defaults on top: head_dim not hidden / heads, a sliding window shorter than
+# test prompts, sliding and global layers mixed, two RoPE thetas, its query scale.
+GEMMA3_DEFAULTS = dict(head_dim=48, sliding_window=8,
+                       layer_types=["sliding_attention", "full_attention"], rope_theta=1e6, rope_local_base_freq=10000.0, query_pre_attn_scalar=64,
+                       hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                       final_logit_softcapping=None, attn_logit_softcapping=None)
 
 
 def _tensors(cfg: ModelConfig, rng):
@@ -38,8 +39,10 @@ def _tensors(cfg: ModelConfig, rng):
     def lin(out, inp):
         return rng.standard_normal((out, inp), dtype=np.float32) / np.float32(np.sqrt(inp))
 
+    unit = 0.0 if cfg.norm_unit_offset else 1.0    # Gemma stores w for a scale of 1 + w
+
     def norm(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+        return (unit + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     def bias(n):
         return (0.1 * rng.standard_normal(n)).astype(np.float32)
@@ -49,6 +52,9 @@ def _tensors(cfg: ModelConfig, rng):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = norm(h)
         t[p + "post_attention_layernorm.weight"] = norm(h)
+        if cfg.sandwich_norms:
+            t[p + "pre_feedforward_layernorm.weight"] = norm(h)
+            t[p + "post_feedforward_layernorm.weight"] = norm(h)
         for name, out in (("q", qd), ("k", kd), ("v", kd)):
             t[p + f"self_attn.{name}_proj.weight"] = lin(out, h)
             if cfg.attention_bias:
@@ -95,18 +101,25 @@ def write_random_checkpoint(path, architecture: str = "LlamaForCausalLM", *, dty
     ``tokenizer_config.json`` (chat template, ``<s>``/``</s>`` specials) trained locally.
 
     ``config`` overrides config.json fields by their Hugging Face names (defaults: a tiny
-    model, :data:`DEFAULTS`). With a tokenizer, ``vocab_size`` is raised to fit it if
-    needed. Returns ``path``. ValueError for an unsupported architecture/dtype/config.
+    model, :data:`DEFAULTS`, and for ``Gemma3ForCausalLM`` :data:`GEMMA3_DEFAULTS`). With a
+    tokenizer, ``vocab_size`` is raised to fit it if needed. Returns ``path``. ValueError
+    for an unsupported architecture/dtype/config.
     """
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"unsupported architecture {architecture!r}; supported: "
                          f"{', '.join(SUPPORTED_ARCHITECTURES)}")
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
-    raw = dict(DEFAULTS, **config)
+    gemma = architecture == "Gemma3ForCausalLM"
+    raw = dict(DEFAULTS, **(GEMMA3_DEFAULTS if gemma else {}))
+    if gemma and "num_hidden_layers" in config and "layer_types" not in config:
+        raw["layer_types"] = ["full_attention" if i % 2 else "sliding_attention"
+                              for i in range(config["num_hidden_layers"])]
+    raw.update(config)
     raw["architectures"] = [architecture]
     raw["model_type"] = _MODEL_TYPES[architecture]
-    raw.setdefault("hidden_act", "silu")
+    if not gemma:
+        raw.setdefault("hidden_act", "silu")
     raw.setdefault("torch_dtype", dtype)
     specials = _tok.special_token_ids()
     raw.setdefault("bos_token_id", specials["<s>"])

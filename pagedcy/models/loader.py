@@ -3,37 +3,59 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from pagedcy.models.config import ModelConfig
-from pagedcy.models.layers import load_layer
+from pagedcy.models.layers import load_layer, norm_weight
 from pagedcy.models.model import CausalLM
+from pagedcy.models.storage import WeightStorage, check_load_options
 from pagedcy.models.weights import CheckpointReader
 
-__all__ = ["load_model"]
+__all__ = ["load_model", "build_model"]
 
 
-def load_model(path: str | os.PathLike, *, num_threads: int | None = None) -> CausalLM:
+def load_model(path: str | os.PathLike, *, num_threads: int | None = None, dtype: str = "auto",
+               quantization: str | None = None) -> CausalLM:
     """Load ``config.json`` and ``model.safetensors`` (or a sharded index) from ``path``.
 
-    Weights (F32, F16 or BF16 in the file) are held as float32: 4 bytes per parameter.
+    ``dtype`` ("auto", "float32", "float16", "bfloat16") and ``quantization`` (None, "q8_0",
+    "q4_0") choose how the matrices are held (:mod:`pagedcy.models.storage`): "auto" keeps
+    F16/BF16 tensors in 16 bits and F32 ones in float32; compute is float32 either way.
     FileNotFoundError when the directory, config.json or the weights are missing;
-    ValueError for an unsupported architecture or rope_scaling type (listing the supported
-    ones) and for a corrupt file or a missing/mis-shaped tensor (naming it).
+    ValueError for a bad dtype/quantization, an unsupported architecture or rope_scaling
+    type (listing the supported ones) and for a corrupt file or a missing/mis-shaped tensor
+    (naming it).
     """
+    check_load_options(dtype, quantization)     # before touching the disk
     if not os.path.isdir(path):
         raise FileNotFoundError(f"model directory {os.fspath(path)!r} does not exist")
     cfg = ModelConfig.from_dir(path)
-    reader = CheckpointReader(path)
+    return build_model(cfg, CheckpointReader(path), num_threads=num_threads, dtype=dtype,
+                       quantization=quantization)
+
+
+def build_model(cfg: ModelConfig, reader, *, num_threads: int | None = None, dtype: str = "auto",
+                quantization: str | None = None) -> CausalLM:
+    """A CausalLM of ``cfg`` from the tensors of ``reader``, by their Hugging Face names and
+    conventions (Gemma's norm weights as ``w`` for a scale of ``1 + w``).
+
+    ``reader`` is a :class:`~pagedcy.models.weights.CheckpointReader` or any object with
+    ``get(name, shape) -> float32 array`` and ``get_stored(name, shape) -> (array, fmt)``
+    (``shape`` the logical shape; ``fmt`` "float32", "float16", "bfloat16" or a GGML block
+    type's lower-case name with raw rows uint8 ``[N, row_bytes]``): a GGUF file's reader
+    builds the same layers and model this way. ValueError names a missing or mis-shaped
+    tensor; ``dtype`` / ``quantization`` as :func:`load_model`.
+    """
+    storage = WeightStorage(dtype, quantization)
     h, v = cfg.hidden_size, cfg.vocab_size
-    table = reader.get("model.embed_tokens.weight", (v, h))
-    layers = [load_layer(reader, cfg, i) for i in range(cfg.num_layers)]
-    final_norm = reader.get("model.norm.weight", (h,))
-    embed: np.ndarray | None = table
+    name = "model.embed_tokens.weight"
+    table = reader.get_stored(name, (v, h))
     if cfg.tie_word_embeddings:
-        lm_head = np.ascontiguousarray(table)
-        embed = None  # lookups take lm_head's rows: the table is stored once
+        # one table for both: lookups take the LM head's rows (quantized with it)
+        lm_head, embed = storage.matrix(*table, name=name), None
     else:
-        lm_head = np.ascontiguousarray(reader.get("lm_head.weight", (v, h)))
+        head = "lm_head.weight"
+        lm_head = storage.matrix(*reader.get_stored(head, (v, h)), name=head)
+        embed = storage.table(*table, name=name)
     del table
+    layers = [load_layer(reader, cfg, i, storage) for i in range(cfg.num_layers)]
+    final_norm = norm_weight(reader, cfg, "model.norm.weight", h)
     return CausalLM(cfg, embed, layers, final_norm, lm_head, num_threads=num_threads)

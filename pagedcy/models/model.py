@@ -6,14 +6,15 @@ import numpy as np
 from pagedcy.config import PagedKVCacheConfig
 from pagedcy._validate import int32_array
 from pagedcy._libs._attention import batch_paged_attention
-from pagedcy._libs._gemm import linear
-from pagedcy._libs._layers import qkv_rope, rms_norm, silu_mul
+from pagedcy._libs._layers import gelu_tanh_mul, qkv_rope, rms_norm, silu_mul
 from pagedcy._libs._manager_ops import write_token_rows
 from pagedcy._libs._threads import resolve_num_threads
 from pagedcy.models.config import ModelConfig
 from pagedcy.models.layers import LayerWeights
+from pagedcy.models.linear import DenseWeight, HalfWeight, Weight
 from pagedcy.models.pages import PagesAdapter
 from pagedcy.models.rope import RopeTable
+from pagedcy.models.weights import bf16_bits_to_f32, to_bf16_bits
 from pagedcy.models.workspace import Workspace
 
 __all__ = ["CausalLM"]
@@ -23,27 +24,62 @@ MAX_POSITION = 1 << 24
 _SLOT_FIELDS = ("positions", "slot_pages", "slot_offsets", "qo_indptr", "kv_lens", "block_tables")
 
 
-class CausalLM:
-    """A loaded checkpoint: ``config`` (ModelConfig), weights in float32, and ``forward``.
+def linear(x: np.ndarray, weight: Weight, out: np.ndarray, num_threads: int) -> np.ndarray:
+    """``out = x @ weight.T`` (``x`` float32 ``[M, K]``, ``out`` float32 ``[M, N]``) in the
+    weight's format: every projection of the forward pass goes through here (one name for
+    the step profiler to time)."""
+    return weight.linear(x, out, num_threads)
 
-    Build with :func:`pagedcy.models.load_model`. ``weight_bytes`` is the RAM its weights take
-    (4 bytes per parameter; tied embeddings stored once).
+
+def _as_weight(w) -> Weight:
+    return w if isinstance(w, Weight) else DenseWeight(w)
+
+
+def embed_multiplier(scale: float, table: Weight) -> np.float32:
+    """The embedding multiplier ``scale`` rounded to the table's dtype first, as transformers
+    does for Gemma (``torch.tensor(hidden ** 0.5, dtype=embed dtype)``: sqrt(1152) = 33.94 is
+    34.0 in bfloat16), so a 16-bit table matches transformers run in that dtype and a float32
+    one matches transformers in float32. Block formats take it unrounded (as llama.cpp)."""
+    s = np.float32(scale)       # torch.tensor(float) is float32, then .to(the table's dtype)
+    if isinstance(table, HalfWeight) and table.format == "bfloat16":
+        return bf16_bits_to_f32(to_bf16_bits(np.array([s])))[0]
+    if isinstance(table, HalfWeight):
+        return np.float32(np.float16(s))
+    return s
+
+
+class CausalLM:
+    """A loaded checkpoint: ``config`` (ModelConfig), weights, and ``forward``.
+
+    Build with :func:`pagedcy.models.load_model`. Matrices are :class:`Weight` objects in the
+    format the load options chose (float32 ndarrays are taken as float32 weights); compute is
+    float32. ``weight_bytes`` is the RAM its weights take as held (tied embeddings stored once).
     """
 
-    def __init__(self, config: ModelConfig, embed: np.ndarray | None, layers: list[LayerWeights],
-                 final_norm: np.ndarray, lm_head: np.ndarray, *, num_threads=None):
+    def __init__(self, config: ModelConfig, embed, layers: list[LayerWeights],
+                 final_norm: np.ndarray, lm_head, *, num_threads=None):
         self.config = config
         # embed [vocab, hidden]; None when tied: rows are then gathered from lm_head.
-        self._embed = embed
+        self._embed = None if embed is None else _as_weight(embed)
         self._layers = layers
         self._final_norm = final_norm
-        self._lm_head = lm_head  # [vocab, hidden], C-contiguous
+        self._lm_head = _as_weight(lm_head)  # [vocab, hidden]
+        table = self._embed if self._embed is not None else self._lm_head
+        self._embed_scale = None if config.embed_scale is None else \
+            embed_multiplier(config.embed_scale, table)
         self._nt = resolve_num_threads(num_threads)
-        self._rope = RopeTable(config)
+        # one RoPE table per distinct (theta, scaling): Gemma's sliding and global layers differ
+        tables: dict[str, RopeTable] = {}
+        for i in range(config.num_layers):
+            key = repr(config.rope_params(i))
+            if key not in tables:
+                tables[key] = RopeTable(config, layer=i)
+        self._layer_rope = [tables[repr(config.rope_params(i))] for i in range(config.num_layers)]
+        self._ropes = list(tables.values())
         self._ws = Workspace(config)
         self._pages = PagesAdapter(config.num_layers, config.num_kv_heads, config.head_dim)
-        arrays = [final_norm, lm_head] + ([embed] if embed is not None else [])
-        self.weight_bytes = sum(a.nbytes for a in arrays) + sum(l.nbytes() for l in layers)
+        held = [final_norm, self._lm_head] + ([self._embed] if self._embed is not None else [])
+        self.weight_bytes = sum(a.nbytes for a in held) + sum(l.nbytes() for l in layers)
 
     @property
     def num_threads(self) -> int:
@@ -111,7 +147,9 @@ class CausalLM:
 
     def _embed_rows(self, ids, out):
         table = self._embed if self._embed is not None else self._lm_head
-        np.take(table, ids, axis=0, out=out)
+        table.take_rows(ids, out)
+        if self._embed_scale is not None:
+            out *= self._embed_scale
 
     def forward(self, kv_pages, token_ids, slots) -> np.ndarray:
         """Run all layers on ``token_ids`` (int32 ``[N]``) laid out by ``slots`` (StepSlots:
@@ -127,9 +165,11 @@ class CausalLM:
         n, b = ids.shape[0], lens.shape[0]
         c, ws, nt = self.config, self._ws, self._nt
         ws.ensure(n, b)
-        self._rope.ensure(int(pos.max()))
-        cos, sin = self._rope.cos, self._rope.sin
+        for table in self._ropes:
+            table.ensure(int(pos.max()))
         eps, H, Hk = c.rms_norm_eps, c.num_heads, c.num_kv_heads
+        scale, cap = c.query_scale, c.attn_logit_softcapping or 0.0
+        act_mul = gelu_tanh_mul if c.hidden_act == "gelu_tanh" else silu_mul
         resid, normed, delta = ws.residual[:n], ws.normed[:n], ws.delta[:n]
         qkv, q, k, v = ws.qkv[:n], ws.q[:n], ws.k[:n], ws.v[:n]
         attn, gate_up, act = ws.attn[:n], ws.gate_up[:n], ws.act[:n]
@@ -141,24 +181,35 @@ class CausalLM:
             else:
                 rms_norm(delta, lw.input_norm, eps, normed, resid, nt)
             linear(normed, lw.w_qkv, qkv, nt)
-            qkv_rope(qkv, pos, cos, sin, q, k, v, H, Hk, lw.qkv_bias, lw.q_norm, lw.k_norm, eps, nt)
+            rope = self._layer_rope[li]
+            qkv_rope(qkv, pos, rope.cos, rope.sin, q, k, v, H, Hk, lw.qkv_bias, lw.q_norm,
+                     lw.k_norm, eps, nt)
             write_token_rows(store, pages, offs, li, k, v)
-            batch_paged_attention(q, indptr, kv_pages, li, tables, lens,
-                                  window_left=lw.window_left, out=attn, num_threads=nt)
+            batch_paged_attention(q, indptr, kv_pages, li, tables, lens, scale=scale,
+                                  window_left=lw.window_left, soft_cap=cap, out=attn,
+                                  num_threads=nt)
             linear(attn2d, lw.w_o, delta, nt)
             if lw.o_bias is not None:
                 delta += lw.o_bias
+            if lw.attn_out_norm is not None:      # sandwich norm (Gemma), before the residual add
+                rms_norm(delta, lw.attn_out_norm, eps, delta, None, nt)
             rms_norm(delta, lw.post_norm, eps, normed, resid, nt)
             linear(normed, lw.w_gate_up, gate_up, nt)
             if lw.gate_up_bias is not None:
                 gate_up += lw.gate_up_bias
-            silu_mul(gate_up, act, nt)
+            act_mul(gate_up, act, nt)
             linear(act, lw.w_down, delta, nt)
             if lw.down_bias is not None:
                 delta += lw.down_bias
+            if lw.mlp_out_norm is not None:
+                rms_norm(delta, lw.mlp_out_norm, eps, delta, None, nt)
         last_rows = indptr[1:] - 1
         last, hn, logits = ws.last[:b], ws.last_normed[:b], ws.logits[:b]
         np.take(resid, last_rows, axis=0, out=last)
         rms_norm(np.take(delta, last_rows, axis=0), self._final_norm, eps, hn, last, nt)
         linear(hn, self._lm_head, logits, nt)
+        if c.final_logit_softcapping is not None:
+            cap = np.float32(c.final_logit_softcapping)
+            np.tanh(logits / cap, out=logits)
+            logits *= cap
         return logits

@@ -10,16 +10,22 @@ from pagedcy.models.config import ModelConfig
 __all__ = ["RopeTable", "inv_freq"]
 
 
-def inv_freq(config: ModelConfig) -> np.ndarray:
+def inv_freq(config: ModelConfig, layer: int | None = None) -> np.ndarray:
     """Inverse frequencies float32 ``[head_dim / 2]``: plain RoPE from ``rope_theta``, then
-    the ``llama3`` scaling when configured. Float32 throughout, as transformers does, so the
-    angles round the same way."""
+    the ``linear`` or ``llama3`` scaling when configured; for ``layer``, that layer's theta
+    and scaling (``ModelConfig.rope_params``: Gemma 3's sliding layers differ). Float32
+    throughout, as transformers does, so the angles round the same way."""
+    if layer is None:
+        theta, sc = config.rope_theta, config.rope_scaling
+    else:
+        theta, sc = config.rope_params(layer)
     d = config.head_dim
     exps = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
-    inv = (np.float32(1.0) / (np.float32(config.rope_theta) ** exps)).astype(np.float32)
-    sc = config.rope_scaling
+    inv = (np.float32(1.0) / (np.float32(theta) ** exps)).astype(np.float32)
     if sc is None:
         return inv
+    if sc["rope_type"] == "linear":
+        return (inv / np.float32(sc["factor"])).astype(np.float32)
     factor = float(sc["factor"])
     low, high = float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
     old_ctx = float(sc["original_max_position_embeddings"])
@@ -34,10 +40,11 @@ def inv_freq(config: ModelConfig) -> np.ndarray:
 
 class RopeTable:
     """cos/sin tables float32 ``[P, head_dim / 2]`` for positions ``0 .. P-1``, grown on demand
-    (doubling) so a model with a 128k context does not allocate them all up front."""
+    (doubling) so a model with a 128k context does not allocate them all up front. With
+    ``layer``, the table of that layer's RoPE parameters."""
 
-    def __init__(self, config: ModelConfig, initial: int = 256):
-        self._inv = inv_freq(config)
+    def __init__(self, config: ModelConfig, initial: int = 256, layer: int | None = None):
+        self._inv = inv_freq(config, layer)
         self.cos = self.sin = np.empty((0, self._inv.shape[0]), np.float32)
         self._grow(initial)
 

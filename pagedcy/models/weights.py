@@ -1,8 +1,9 @@
-"""Reading a checkpoint's tensors (safetensors, single file or sharded) as float32 NumPy arrays.
+"""Reading a checkpoint's tensors (safetensors, single file or sharded) as NumPy arrays.
 
-F32, F16 and BF16 tensors are supported. NumPy has no bfloat16: with ``ml_dtypes`` installed
-safetensors hands BF16 tensors over directly; without it, a file holding BF16 tensors is read
-through ``safetensors.deserialize`` as raw bytes and widened by a 16-bit shift.
+F32, F16 and BF16 tensors are supported, as float32 (``get``) or as stored (``get_stored``:
+16-bit tensors as their bit patterns, never widened). NumPy has no bfloat16: with
+``ml_dtypes`` installed safetensors hands BF16 tensors over directly; without it, a file
+holding BF16 tensors is read through ``safetensors.deserialize`` as raw bytes.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from pagedcy._validate import read_json_object
 
-__all__ = ["CheckpointReader", "bf16_bits_to_f32"]
+__all__ = ["CheckpointReader", "bf16_bits_to_f32", "to_bf16_bits"]
 
 SUPPORTED_DTYPES = ("F32", "F16", "BF16")
 
@@ -20,6 +21,13 @@ SUPPORTED_DTYPES = ("F32", "F16", "BF16")
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     """Widen bfloat16 bit patterns (uint16, any shape) to float32 (exact)."""
     return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round float32 to bfloat16 (nearest, ties to even) and return the uint16 bit patterns."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    return (rounded >> np.uint32(16)).astype(np.uint16)
 
 
 def _has_ml_dtypes():
@@ -104,6 +112,15 @@ class CheckpointReader:
 
     def get(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """Tensor ``name`` as a float32 array, checked against ``shape`` when given."""
+        arr, fmt = self.get_stored(name, shape)
+        if fmt == "bfloat16":
+            return bf16_bits_to_f32(arr)
+        return np.ascontiguousarray(arr, dtype=np.float32)
+
+    def get_stored(self, name: str, shape: tuple[int, ...] | None = None) -> tuple[np.ndarray, str]:
+        """Tensor ``name`` as stored, with its format: ``(float32 array, "float32")``,
+        ``(float16 array, "float16")`` or ``(uint16 bit patterns, "bfloat16")``. No float32
+        copy of a 16-bit tensor is made."""
         sl = self._slice(name)
         dtype, got = sl.get_dtype(), tuple(sl.get_shape())
         if dtype not in SUPPORTED_DTYPES:
@@ -114,14 +131,17 @@ class CheckpointReader:
         file = self._files[name]
         try:
             if dtype == "BF16" and not self._bf16_native:
-                arr = bf16_bits_to_f32(self._raw_tensor(file, name))
+                arr = self._raw_tensor(file, name)
             else:
                 arr = self._open(file).get_tensor(name)
         except ValueError:
             raise
         except Exception as e:
             raise ValueError(f"cannot read tensor {name!r} from {file!r}: {e}") from None
-        return np.ascontiguousarray(arr, dtype=np.float32)
+        fmt = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype]
+        if fmt == "bfloat16":
+            arr = arr.view(np.uint16)     # ml_dtypes' bfloat16 or the raw path's uint16
+        return np.ascontiguousarray(arr), fmt
 
     def _raw_tensor(self, file, name):
         raw = self._raw.get(file)

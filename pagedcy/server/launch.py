@@ -26,6 +26,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-pages", type=int, default=None, help="KV pages in the pool")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--kv-dtype", default="float32", choices=["float32", "float16", "bfloat16", "int8"])
+    add_weight_arguments(p)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
@@ -38,6 +39,15 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         "tokens, the smaller)")
 
 
+def add_weight_arguments(p: argparse.ArgumentParser) -> None:
+    """``--dtype`` and ``--quantization``: how the weights are held (vLLM's names)."""
+    from pagedcy.models.storage import DTYPES, QUANTIZATIONS
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="weight storage: auto keeps the checkpoint's (16-bit stays 16-bit)")
+    p.add_argument("--quantization", default=None, choices=[q for q in QUANTIZATIONS if q],
+                   help="quantize the projections at load to this GGUF block format")
+
+
 def engine_kwargs(args) -> dict:
     """``LLMEngine`` keyword arguments from parsed engine options."""
     return dict(kv_cache_pages=args.kv_cache_pages, page_size=args.page_size,
@@ -45,7 +55,8 @@ def engine_kwargs(args) -> dict:
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 enable_prefix_cache=not args.no_prefix_cache, num_threads=args.num_threads,
                 seed=args.seed, preemption_mode=args.preemption_mode, swap_pages=args.swap_pages,
-                max_model_len=args.max_model_len)
+                max_model_len=args.max_model_len, dtype=args.dtype,
+                quantization=args.quantization)
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:

@@ -197,12 +197,12 @@ def _kv_pages_for(lengths, page_size=16):
     return sum(-(-n // page_size) for n in lengths) + 8
 
 
-def run_rss(model_dir, prompts, new_tokens, threads):
+def run_rss(model_dir, prompts, new_tokens, threads, **weights):
     """Workload A in this process with a pool sized to it; peak RSS against weights + pool."""
     from pagedcy.tools.engine_profile import peak_rss_bytes
     base = peak_rss_bytes()
     pages = _kv_pages_for([len(p) + new_tokens for p in prompts])
-    eng = _engine(model_dir, threads, kv_cache_pages=pages)
+    eng = _engine(model_dir, threads, kv_cache_pages=pages, **weights)
     for i, p in enumerate(prompts):
         eng.add_request(f"r{i}", {"prompt_token_ids": p}, _greedy(new_tokens))
     while eng.has_unfinished_requests():
@@ -256,7 +256,8 @@ def workload_a(args, model_dir, vocab):
     prompts = workload_a_prompts(n, lo, hi, vocab)
     rows = []
     _progress(f"workload A: pagedcy LLM.generate, {n} requests")
-    rows.append(("pagedcy LLM.generate", run_generate(model_dir, prompts, new, args.threads)))
+    rows.append(("pagedcy LLM.generate", run_generate(model_dir, prompts, new, args.threads,
+                                                          **args.weights)))
     if args.no_transformers or not hf.transformers_available():
         reason = "--no-transformers" if args.no_transformers else "torch/transformers not installed"
         rows += [(name, {"skipped": reason}) for name in
@@ -290,7 +291,8 @@ def workload_b(args, model_dir, vocab):
     from pagedcy.tools import engine_baselines as base
     _, (npl, npp, ntg), _ = _sizes(args)
     _progress(f"workload B: pagedcy {npl} x ({npp} + {ntg})")
-    eng = _engine(model_dir, args.threads, max_num_batched_tokens=args.batched_tokens)
+    eng = _engine(model_dir, args.threads, max_num_batched_tokens=args.batched_tokens,
+                  **args.weights)
     run_batched(eng, 2, 16, 2, vocab, seed=99)                 # warm-up
     ours = run_batched(eng, npl, npp, ntg, vocab)
     ours["single_prefill_tps"], ours["single_decode_tps"] = run_single(eng, npp, 64, vocab)
@@ -325,12 +327,14 @@ def overheads(args, model_dir, cfg, prompts_a):
     chunk = min(args.batched_tokens, npl * npp)
     gemm_tps = chunk / gemm_only_seconds(cfg, chunk, max(1, chunk // npp))
     _progress(f"decode breakdown at {dec} sequences")
-    eng = _engine(model_dir, args.threads, max_num_batched_tokens=args.batched_tokens)
+    eng = _engine(model_dir, args.threads, max_num_batched_tokens=args.batched_tokens,
+                  **args.weights)
     prof = StepProfile()
     r = run_batched(eng, dec, npp, 16, cfg.vocab_size, seed=3, profile=prof)
     _progress("peak RSS (subprocess)")
     (_, _, _, new), _, _ = _sizes(args)
-    rss = _child_json("rss", model_dir, {"prompts": prompts_a, "new_tokens": new, "threads": args.threads})
+    rss = _child_json("rss", model_dir, {"prompts": prompts_a, "new_tokens": new, "threads": args.threads,
+                                       "weights": args.weights})
     return {"chunk": chunk, "gemm_tps": gemm_tps, "decode": r, "acc": dict(prof.acc), "rss": rss,
             "dec": dec}
 
@@ -381,7 +385,10 @@ def main(argv=None):
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--tiny-model", action="store_true", help=argparse.SUPPRESS)
+    from pagedcy.server.launch import add_weight_arguments
+    add_weight_arguments(ap)
     args = ap.parse_args(argv)
+    args.weights = dict(dtype=args.dtype, quantization=args.quantization)
     _reexec_without_unset(["--engine"] + argv)
     try:
         from threadpoolctl import threadpool_limits
@@ -401,7 +408,8 @@ def main(argv=None):
     print(machine_header())
     print(f"model: {args.model_dir}: {cfg.architecture}, hidden {cfg.hidden_size}, {cfg.num_layers} "
           f"layers, {cfg.num_heads}/{cfg.num_kv_heads} heads, intermediate {cfg.intermediate_size}, "
-          f"vocab {cfg.vocab_size}; fp32, greedy, {args.threads} threads; engine "
+          f"vocab {cfg.vocab_size}; weights {args.quantization or args.dtype}, greedy, "
+          f"{args.threads} threads; engine "
           f"max_num_batched_tokens={args.batched_tokens}")
     results = {}
     prompts_a = workload_a_prompts(*_sizes(args)[0][:3], cfg.vocab_size)
@@ -432,7 +440,8 @@ def _child_main():
     kind, model_dir = sys.argv[1], sys.argv[2]
     spec = json.loads(sys.stdin.read())
     if kind == "rss":
-        print(json.dumps(run_rss(model_dir, spec["prompts"], spec["new_tokens"], spec["threads"])))
+        print(json.dumps(run_rss(model_dir, spec["prompts"], spec["new_tokens"], spec["threads"],
+                                 **spec.get("weights", {}))))
     else:
         raise SystemExit(f"unknown child {kind!r}")
 

@@ -53,6 +53,8 @@ def main(argv=None):
     gen.add_argument("--stop", action="append", default=None,
                      help="a stop string (repeat for several)")
     gen.add_argument("--threads", type=positive_int, default=None)
+    from pagedcy.server.launch import add_weight_arguments
+    add_weight_arguments(gen)
     gen.add_argument("--verbose", action="store_true",
                      help="print the token count and finish reason to stderr")
     bench = sub.add_parser("bench", help="run the headline attention benchmarks", add_help=False)

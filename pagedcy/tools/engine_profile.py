@@ -12,7 +12,7 @@ import numpy as np
 
 # module globals of pagedcy.models.model, by the part of a step they belong to
 GEMM = ("linear",)
-ELEMENTWISE = ("qkv_rope", "rms_norm", "silu_mul", "write_token_rows")
+ELEMENTWISE = ("qkv_rope", "rms_norm", "silu_mul", "gelu_tanh_mul", "write_token_rows")
 ATTENTION = ("batch_paged_attention",)
 
 

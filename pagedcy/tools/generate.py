@@ -11,7 +11,9 @@ def main(args, out=None):
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                                 stop=args.stop or None)
-        engine = LLMEngine(args.model, max_num_seqs=1, num_threads=args.threads)
+        engine = LLMEngine(args.model, max_num_seqs=1, num_threads=args.threads,
+                           dtype=getattr(args, "dtype", "auto"),
+                           quantization=getattr(args, "quantization", None))
         engine.add_request("cli", args.prompt, params)
     except (FileNotFoundError, ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)

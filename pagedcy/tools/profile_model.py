@@ -84,7 +84,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as d:
         write_random_checkpoint(d, tokenizer=False, **BENCH_CONFIG)
         model = load_model(d, num_threads=args.threads)
-    print(f"model: {model.weight_bytes / 2**20:.0f} MiB of float32 weights, "
+    print(f"model: {model.weight_bytes / 2**20:.0f} MiB of weights, "
           f"{model.num_threads} threads")
     profile(model, "prefill", 4, 256, 256, args.reps)
     profile(model, "decode", 16, 1, 512, args.reps)

@@ -90,4 +90,17 @@ static void pagedcy_silu_mul_row(const float *gate_up, float *out, ptrdiff_t wid
     }
 }
 
+/* out[j] = gelu_tanh(gate_up[j]) * gate_up[width + j] (Gemma's MLP). The tanh
+ * approximation 0.5 g (1 + tanh(u)), u = sqrt(2/pi) (g + 0.044715 g^3), is computed as
+ * g * sigmoid(2u), the same function: no cancellation in 1 + tanh(u) for g << 0. */
+PAGEDCY_CLONES
+static void pagedcy_gelu_tanh_mul_row(const float *gate_up, float *out, ptrdiff_t width) {
+    const float *up = gate_up + width;
+    for (ptrdiff_t j = 0; j < width; j++) {
+        float g = gate_up[j];
+        float u2 = 1.5957691216057308f * (g + 0.044715f * g * g * g);  /* 2u */
+        out[j] = g / (1.0f + pagedcy_expf(-u2)) * up[j];
+    }
+}
+
 #endif

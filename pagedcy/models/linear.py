@@ -1,0 +1,317 @@
+"""Weight matrices that know their storage format and compute ``out = x @ W.T``.
+
+A projection is ``[N, K]`` (output-major, as checkpoints store it) in one of:
+
+- :class:`DenseWeight`: float32, run by ``pagedcy._libs._gemm.linear``;
+- :class:`HalfWeight`: float16 or bfloat16 bit patterns kept as stored (2 bytes a value);
+- :class:`BlockWeight`: a GGUF block format (Q8_0, Q4_0, Q4_K, ...), raw bytes ``[N, row_bytes]``;
+- :class:`StackedWeight`: rows of parts in different formats (a fused q|k|v from a Q4_K_M file
+  whose v rows are Q6_K), each part run on its own and written to its columns of ``out``.
+
+All compute in float32 (``x`` float32 ``[M, K]`` -> ``out`` float32 ``[M, N]``). Loaders
+(safetensors, GGUF) build these objects; the forward pass only calls ``linear`` and
+``take_rows``, so a new format is a new class here, not a change to the model.
+
+Where the native kernels plug in: :func:`_half_linear` (16-bit rows) and
+:func:`_block_linear` (block formats) are the only places that compute with a non-float32
+weight. Until the native kernels land, they widen a bounded chunk of rows at a time
+(:data:`SCRATCH_BYTES`) into a reused float32 buffer and run ``_gemm.linear`` on it; the
+result is bit for bit what widening the whole weight gives, since each output is one dot
+product over K whatever the other rows are.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from pagedcy._libs import _gemm
+
+__all__ = ["Weight", "DenseWeight", "HalfWeight", "BlockWeight", "StackedWeight",
+           "concat_weights", "SCRATCH_BYTES", "HALF_FORMATS"]
+
+#: Upper bound of the float32 scratch a 16-bit or block weight widens into per call.
+SCRATCH_BYTES = 4 << 20
+HALF_FORMATS = ("float16", "bfloat16")
+
+_tls = threading.local()     # per-thread scratch buffers: widened rows and their outputs
+
+
+def _scratch(name: str, n: int) -> np.ndarray:
+    """A float32 buffer of ``n`` elements, reused by this thread (grown, never shrunk)."""
+    buf = getattr(_tls, name, None)
+    if buf is None or buf.size < n:
+        buf = np.empty(n, np.float32)
+        setattr(_tls, name, buf)
+    return buf[:n]
+
+
+def _check_io(x, out, n: int, k: int) -> int:
+    """Validate ``x`` float32 [M, K] and ``out`` float32 [M, N] (C-contiguous); return M."""
+    for name, a, cols in (("x", x, k), ("out", out, n)):
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+        if a.dtype != np.float32:
+            raise TypeError(f"{name} must be float32, got {a.dtype}")
+        if a.ndim != 2 or a.shape[1] != cols or not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous [M, {cols}], got shape {a.shape}")
+    if x.shape[0] != out.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} rows, out {out.shape[0]}")
+    if not out.flags.writeable:
+        raise ValueError("out must be writable")
+    return x.shape[0]
+
+
+def _chunked_linear(x, n: int, k: int, widen, out, num_threads):
+    """``out = x @ W.T`` for a weight whose rows ``r0 .. r1`` ``widen(r0, r1, dst)`` writes
+    as float32 into ``dst [r1 - r0, K]``, a bounded chunk of rows at a time."""
+    m = _check_io(x, out, n, k)
+    step = max(1, SCRATCH_BYTES // (4 * k))
+    if step >= n:
+        w = _scratch("rows", n * k).reshape(n, k)
+        widen(0, n, w)
+        return _gemm.linear(x, w, out, num_threads)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        w = _scratch("rows", (r1 - r0) * k).reshape(r1 - r0, k)
+        widen(r0, r1, w)
+        o = _scratch("cols", m * (r1 - r0)).reshape(m, r1 - r0)
+        _gemm.linear(x, w, o, num_threads)
+        out[:, r0:r1] = o
+    return out
+
+
+def _widen_half(bits: np.ndarray, fmt: str, dst: np.ndarray) -> None:
+    """Widen 16-bit patterns ``bits`` (uint16) of format ``fmt`` into float32 ``dst`` (exact)."""
+    if fmt == "bfloat16":
+        np.left_shift(bits, np.uint32(16), out=dst.view(np.uint32), dtype=np.uint32)
+    else:
+        np.copyto(dst, bits.view(np.float16))
+
+
+def _native(fmt: str):
+    """The native GEMM's ``_gemm.linear_rows`` when it exists and runs format ``fmt``
+    (``_gemm.ROW_FORMATS`` lists them, if it declares them), else None."""
+    fn = getattr(_gemm, "linear_rows", None)
+    formats = getattr(_gemm, "ROW_FORMATS", None)
+    return fn if fn is not None and (formats is None or fmt in formats) else None
+
+
+def _half_linear(x, bits: np.ndarray, fmt: str, out, num_threads):
+    """``out = x @ widen(bits).T`` for 16-bit weight rows ``bits`` (uint16 ``[N, K]``).
+
+    NATIVE KERNEL PLUG-IN: ``_gemm.linear_rows(x, rows, fmt, out, num_threads)`` (rows the
+    raw row bytes/bit patterns, fmt the format name) when it exists; else the chunked
+    widening fallback."""
+    native = _native(fmt)
+    if native is not None:
+        return native(x, bits, fmt, out, num_threads)
+    n, k = bits.shape
+    return _chunked_linear(x, n, k, lambda r0, r1, dst: _widen_half(bits[r0:r1], fmt, dst),
+                           out, num_threads)
+
+
+def _block_linear(x, raw: np.ndarray, qtype, k: int, out, num_threads):
+    """``out = x @ dequantize(raw).T`` for GGUF block rows ``raw`` (uint8 ``[N, row_bytes]``).
+
+    NATIVE KERNEL PLUG-IN: ``_gemm.linear_rows(x, raw, fmt, out, num_threads)`` with fmt
+    the lower-case GGML type name, once the GEMM decodes block formats through
+    ``pagedcy_rowfmt.h``; until then ``gguf.quants.dequantize`` a chunk of rows at a time."""
+    native = _native(qtype.name.lower())
+    if native is not None:
+        return native(x, raw, qtype.name.lower(), out, num_threads)
+    from gguf.quants import dequantize
+
+    def widen(r0, r1, dst):
+        dst[...] = dequantize(raw[r0:r1], qtype)
+
+    return _chunked_linear(x, raw.shape[0], k, widen, out, num_threads)
+
+
+class Weight:
+    """Base of the weight classes: ``shape`` (N, K), ``format`` (its storage's name),
+    ``nbytes`` (bytes held), ``linear``, ``take_rows`` and ``dense``. A subclass sets the
+    three attributes and implements ``_linear`` and ``_take``."""
+
+    shape: tuple[int, int]
+    format: str
+    nbytes: int
+
+    def linear(self, x: np.ndarray, out: np.ndarray, num_threads=None) -> np.ndarray:
+        """``out[...] = x @ W.T``: ``x`` float32 ``[M, K]``, ``out`` float32 ``[M, N]``,
+        both C-contiguous. Returns ``out``."""
+        return self._linear(x, out, num_threads)
+
+    def _linear(self, x, out, num_threads):
+        raise NotImplementedError
+
+    def take_rows(self, ids, out: np.ndarray) -> np.ndarray:
+        """``out[i] = W[ids[i]]`` widened to float32 (``out`` ``[len(ids), K]``): the embedding
+        lookup. IndexError for an id outside ``[0, N)``. Returns ``out``."""
+        rows = np.asarray(ids)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.shape[0]):
+            raise IndexError(f"row ids must be in [0, {self.shape[0]})")
+        self._take(rows, out)
+        return out
+
+    def _take(self, rows, out):
+        raise NotImplementedError
+
+    def dense(self) -> np.ndarray:
+        """A float32 ``[N, K]`` copy (for tests and conversions)."""
+        out = np.empty(self.shape, np.float32)
+        return self.take_rows(np.arange(self.shape[0]), out)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.format}, shape={self.shape})"
+
+
+class DenseWeight(Weight):
+    """A float32 ``[N, K]`` matrix (``data``, C-contiguous), on pagedcy's GEMM."""
+
+    format = "float32"
+
+    def __init__(self, data: np.ndarray):
+        self.data = np.ascontiguousarray(data, dtype=np.float32)
+        if self.data.ndim != 2:
+            raise ValueError(f"a weight must be 2-D, got shape {self.data.shape}")
+        self.shape, self.nbytes = self.data.shape, self.data.nbytes
+
+    def _linear(self, x, out, num_threads):
+        return _gemm.linear(x, self.data, out, num_threads)
+
+    def _take(self, rows, out):
+        np.take(self.data, rows, axis=0, out=out)
+
+
+class HalfWeight(Weight):
+    """A float16 or bfloat16 ``[N, K]`` matrix kept as stored: ``bits`` uint16 patterns
+    (2 bytes a value), widened to float32 only in registers or a bounded scratch.
+
+    ``data``: a float16 array, an ``ml_dtypes.bfloat16`` array, or uint16 bit patterns with
+    ``fmt`` naming them ("float16" or "bfloat16")."""
+
+    def __init__(self, data: np.ndarray, fmt: str | None = None):
+        if fmt is None:
+            fmt = {"float16": "float16", "bfloat16": "bfloat16"}.get(np.dtype(data.dtype).name)
+        if fmt not in HALF_FORMATS:
+            raise ValueError(f"a 16-bit weight's format must be one of {HALF_FORMATS}, got {fmt!r}")
+        if np.dtype(data.dtype).itemsize != 2 or data.ndim != 2:
+            raise ValueError(f"a 16-bit weight needs a 2-D array of 2-byte values, got "
+                             f"{data.dtype} {data.shape}")
+        self.bits = np.ascontiguousarray(data).view(np.uint16)
+        self.format = fmt
+        self.shape, self.nbytes = self.bits.shape, self.bits.nbytes
+
+    def _linear(self, x, out, num_threads):
+        return _half_linear(x, self.bits, self.format, out, num_threads)
+
+    def _take(self, rows, out):
+        _widen_half(np.take(self.bits, rows, axis=0), self.format, out)
+
+
+class BlockWeight(Weight):
+    """A GGUF block-format ``[N, K]`` matrix: ``raw`` uint8 ``[N, row_bytes]`` as the file
+    stores it (each row ``K / block`` blocks), ``qtype`` a ``gguf.GGMLQuantizationType``
+    (or its name, e.g. "Q8_0"), ``cols`` = K (None: from the row bytes). ``format`` is the
+    type's lower-case name."""
+
+    def __init__(self, raw: np.ndarray, qtype, cols: int | None = None):
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        if isinstance(qtype, str):
+            try:
+                qtype = GGMLQuantizationType[qtype.upper()]
+            except KeyError:
+                raise ValueError(f"unknown GGML type {qtype!r}") from None
+        qtype = GGMLQuantizationType(qtype)
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        if block == 1:
+            raise ValueError(f"{qtype.name} is not a block format: use DenseWeight/HalfWeight")
+        raw = np.ascontiguousarray(raw, dtype=np.uint8)
+        if cols is None:
+            cols = raw.shape[-1] // type_size * block if raw.ndim == 2 else 0
+        cols = int(cols)
+        if cols <= 0 or cols % block:
+            raise ValueError(f"{qtype.name} rows need a multiple of {block} columns, got {cols}")
+        if raw.ndim != 2 or raw.shape[1] != cols // block * type_size:
+            raise ValueError(f"{qtype.name} rows of {cols} values take {cols // block * type_size} "
+                             f"bytes; got raw shape {raw.shape}")
+        self.raw, self.qtype = raw, qtype
+        self.format = qtype.name.lower()
+        self.shape, self.nbytes = (raw.shape[0], cols), raw.nbytes
+
+    def _linear(self, x, out, num_threads):
+        return _block_linear(x, self.raw, self.qtype, self.shape[1], out, num_threads)
+
+    def _take(self, rows, out):
+        from gguf.quants import dequantize
+
+        out[...] = dequantize(np.take(self.raw, rows, axis=0), self.qtype)
+
+
+class StackedWeight(Weight):
+    """Rows of ``parts`` (weights with the same K, any formats) stacked: ``linear`` runs
+    each part into a scratch and copies it to its columns of ``out``. Used only when a fused
+    projection's parts differ in format; same-format parts concatenate instead
+    (:func:`concat_weights`)."""
+
+    def __init__(self, parts):
+        self.parts = list(parts)
+        ks = {p.shape[1] for p in self.parts}
+        if not self.parts or len(ks) != 1:
+            raise ValueError("stacked weights need at least one part, all with the same columns")
+        self.offsets = np.cumsum([0] + [p.shape[0] for p in self.parts])
+        self.shape = (int(self.offsets[-1]), ks.pop())
+        self.format = "+".join(p.format for p in self.parts)
+        self.nbytes = sum(p.nbytes for p in self.parts)
+
+    def _linear(self, x, out, num_threads):
+        m = _check_io(x, out, *self.shape)
+        for p, lo, hi in zip(self.parts, self.offsets[:-1], self.offsets[1:]):
+            o = _scratch("stacked", m * (hi - lo)).reshape(m, hi - lo)
+            p.linear(x, o, num_threads)
+            out[:, lo:hi] = o
+        return out
+
+    def _take(self, rows, out):
+        part = np.searchsorted(self.offsets, rows, side="right") - 1
+        for i, p in enumerate(self.parts):
+            sel = np.flatnonzero(part == i)
+            if sel.size:
+                dst = np.empty((sel.size, self.shape[1]), np.float32)
+                p.take_rows(rows[sel] - self.offsets[i], dst)
+                out[sel] = dst
+
+
+def concat_weights(parts) -> Weight:
+    """One weight holding the rows of ``parts`` in order (a fused q|k|v or gate|up): runs of
+    consecutive parts of one class and format concatenate their stored rows (rows are
+    independent, so raw block rows concatenate too); several runs (mixed formats) give a
+    :class:`StackedWeight` over them."""
+    parts = list(parts)
+    if not parts or len({p.shape[1] for p in parts}) != 1:
+        raise ValueError(f"fused parts need the same columns, got {[p.shape for p in parts]}")
+    runs: list[list[Weight]] = []
+    for p in parts:
+        if runs and type(p) is type(runs[-1][0]) and p.format == runs[-1][0].format \
+                and not isinstance(p, StackedWeight):
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    fused = [_concat_same(run) for run in runs]
+    return fused[0] if len(fused) == 1 else StackedWeight(fused)
+
+
+def _concat_same(run: list[Weight]) -> Weight:
+    """Parts of one class and format as one weight of that class."""
+    first = run[0]
+    if len(run) == 1:
+        return first
+    if isinstance(first, DenseWeight):
+        return DenseWeight(np.concatenate([p.data for p in run]))
+    if isinstance(first, HalfWeight):
+        return HalfWeight(np.concatenate([p.bits for p in run]), first.format)
+    if isinstance(first, BlockWeight):
+        return BlockWeight(np.concatenate([p.raw for p in run]), first.qtype, first.shape[1])
+    return StackedWeight(run)
