@@ -270,30 +270,32 @@ def _token_prompt(prefix, k):
     return prefix + [int(t) for t in np.random.default_rng(k).integers(20, 400, size=9)]
 
 
+def _landed(server, client, model_dir, prompt, max_tokens=2):
+    """The replica that served one completion of ``prompt`` (its request count grew)."""
+    before = server.replicas()
+    client.completions.create(model=str(model_dir), prompt=prompt, max_tokens=max_tokens,
+                              temperature=0)
+    after = server.replicas()
+    grew = [r for r in after if after[r]["requests"] > before.get(r, {}).get("requests", 0)]
+    assert len(grew) == 1, (before, after)
+    return grew[0]
+
+
 def test_repeats_of_a_prefix_land_on_its_replica(server, client, model_dir):
     rng = np.random.default_rng(7)
     prefixes = [[int(t) for t in rng.integers(20, 400, size=64)] for _ in range(2)]  # 4 pages
-    before = server.replicas()
-    owners = []
-    for i, prefix in enumerate(prefixes):
-        client.completions.create(model=str(model_dir), prompt=_token_prompt(prefix, 100 + i),
-                                  max_tokens=2, temperature=0)
-        now = server.replicas()
-        grew = [r for r in now if now[r]["requests"] > before.get(r, {}).get("requests", 0)]
-        assert len(grew) == 1
-        owners.append(grew[0])
-        before = now
+    owners = [_landed(server, client, model_dir, _token_prompt(p, 100 + i))
+              for i, p in enumerate(prefixes)]
     # two new prefixes, equal loads: the second goes to the replica that holds fewer pages
     assert owners[0] != owners[1]
     time.sleep(1.5)          # past a routing report: the replicas' own page lists decide now
-    for k in range(6):
-        for i, prefix in enumerate(prefixes):
-            client.completions.create(model=str(model_dir), prompt=_token_prompt(prefix, k),
-                                      max_tokens=2, temperature=0)
+    before = server.replicas()
+    # repeats in an order no turn-taking follows: 1 1 0 0 0 1 0 0 1 1 1 0
+    for k, i in enumerate(np.random.default_rng(3).permutation([0, 1] * 6)):
+        assert _landed(server, client, model_dir, _token_prompt(prefixes[i], k)) == owners[i]
     after = server.replicas()
-    for i, owner in enumerate(owners):
-        assert after[owner]["requests"] - before[owner]["requests"] == 6
-        # every repeat found its 4 prefix pages in the cache
+    for owner in owners:
+        # every repeat found its 4 prefix pages in its replica's cache
         assert after[owner]["prefix_cache_hits"] - before[owner]["prefix_cache_hits"] >= 6 * 64
 
 
@@ -307,15 +309,9 @@ def _replica_actor(replica_id):
 
 def test_disconnect_aborts_and_a_killed_replica_fails_its_requests(server, client, model_dir):
     prefix = [int(t) for t in np.random.default_rng(11).integers(20, 400, size=64)]
-    owners = []
-    for k in range(2):        # the replica that holds the prefix: where its requests land
-        base = server.replicas()
-        client.completions.create(model=str(model_dir), prompt=_token_prompt(prefix, k),
-                                  max_tokens=2, temperature=0)
-        after = server.replicas()
-        owners += [r for r in after if after[r]["requests"] > base.get(r, {}).get("requests", 0)]
-    assert len(owners) == 2 and owners[0] == owners[1]
-    victim = owners[0]
+    # the replica that holds the prefix: where its requests land
+    victim = _landed(server, client, model_dir, _token_prompt(prefix, 0))
+    assert _landed(server, client, model_dir, _token_prompt(prefix, 1)) == victim
 
     # a client that leaves mid-stream aborts its request on the replica
     long = CONTEXT - len(prefix) - 16
