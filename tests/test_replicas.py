@@ -143,6 +143,26 @@ def test_deltas_rebuild_the_cumulative_outputs(tmp_path):
     assert total.generation_tokens == 2 * s.generation_tokens and sum_stats([]).num_running == 0
 
 
+def test_serve_run_builder_takes_the_serve_flags(tmp_path):
+    pytest.importorskip("ray.serve")
+    from pagedcy.server.replicas import build_app
+    app = build_app({"model": str(tmp_path), "replicas": "3", "num_threads": "2",
+                     "no_prefix_cache": "true", "router": "round-robin", "api_key": "k"})
+    front = app._bound_deployment
+    engine = front.init_args[0]._bound_deployment
+    assert front.init_args[1] == {"model": str(tmp_path), "served_model_name": None,
+                                  "api_key": "k"}
+    assert (engine.num_replicas, engine.ray_actor_options) == (3, {"num_cpus": 2.0})
+    assert engine.init_args[1]["num_threads"] == 2
+    assert engine.init_args[1]["enable_prefix_cache"] is False
+    assert engine._deployment_config.request_router_config.request_router_class.endswith(
+        "RoundRobinRouter")
+    for bad in ({"model": "m", "replicas": "0"}, {"model": "m", "router": "nope"},
+                {"replicas": "2"}, {"model": "m", "replica_cpus": "0"}):
+        with pytest.raises(ValueError):
+            build_app(bad)
+
+
 # --- the server on Ray Serve ----------------------------------------------------------------
 
 ray = pytest.importorskip("ray")

@@ -196,10 +196,13 @@ def build_app(builder_args: dict):
             argv.append(flag)
         elif str(value).lower() != "false":
             argv += [flag, str(value)]
-    parser = argparse.ArgumentParser(prog="pagedcy.server.replicas:build_app")
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message):            # serve run shows the exception
+            raise ValueError(f"pagedcy.server.replicas:build_app: {message}")
+    parser = _Parser(prog="pagedcy.server.replicas:build_app")
     add_serve_arguments(parser)
     args = parser.parse_args(argv)
-    if not args.replicas:
+    if args.replicas is None:
         args.replicas = 1
     return application(args, api_key=resolve_api_key(args.api_key))
 
