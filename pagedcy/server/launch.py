@@ -74,9 +74,9 @@ def add_replica_arguments(p: argparse.ArgumentParser) -> None:
                         "default: one engine in this process)")
     p.add_argument("--replica-cpus", type=float, default=None,
                    help="Ray CPUs each replica reserves (default: --num-threads, or 1)")
-    p.add_argument("--router", default="prefix", choices=["prefix", "round-robin"],
+    p.add_argument("--router", default="prefix", choices=["prefix", "round-robin", "ray-prefix"],
                    help="how requests pick a replica: the longest cached prefix of the prompt "
-                        "(default) or in turn")
+                        "(default), in turn, or Ray's PrefixCacheAffinityRouter (for comparison)")
     p.add_argument("--route-max-load-gap", type=int, default=8,
                    help="prefix routing gives way to the least-loaded replica when the best "
                         "match has this many more requests in flight (default 8)")

@@ -33,6 +33,13 @@ class ReplicaRequest:
     params: Any
     page_keys: list = field(default_factory=list)
 
+    @property
+    def prompt(self) -> str:
+        """The prompt's token ids as text, one character each, for routers that match
+        prompt text (Ray's ``PrefixCacheAffinityRouter``, ``--router ray-prefix``)."""
+        # skip the surrogate block, which a str may hold but not every codec takes
+        return "".join(chr(t if t < 0xD800 else t + 0x800) for t in self.prompt_token_ids)
+
 
 @dataclass
 class CompletionDelta:

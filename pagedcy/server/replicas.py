@@ -159,8 +159,15 @@ def application(args, api_key=None):
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
     if args.route_max_load_gap < 0:
         raise ValueError(f"--route-max-load-gap must be >= 0, got {args.route_max_load_gap}")
-    router = {"prefix": PrefixAwareRouter, "round-robin": RoundRobinRouter}[args.router]
-    kwargs = {"max_load_gap": args.route_max_load_gap} if args.router == "prefix" else {}
+    gap = args.route_max_load_gap
+    router, kwargs = {
+        "prefix": (PrefixAwareRouter, {"max_load_gap": gap}),
+        "round-robin": (RoundRobinRouter, {}),
+        # Ray's text-prefix router (ray.llm), for comparison; on ReplicaRequest.prompt
+        "ray-prefix": ("ray.llm._internal.serve.routing_policies.prefix_aware."
+                       "prefix_aware_router.PrefixCacheAffinityRouter",
+                       {"imbalanced_threshold": gap}),
+    }[args.router]
     engine = serve.deployment(EngineReplica).options(
         name=ENGINE_DEPLOYMENT, num_replicas=args.replicas,
         ray_actor_options={"num_cpus": replica_cpus(args)},
