@@ -31,6 +31,7 @@ from contextlib import aclosing
 
 from ray import serve
 
+from pagedcy.server.async_engine import Aborted
 from pagedcy.server.errors import APIError
 from pagedcy.server.remote_engine import DeltaEncoder, OutputDelta, RemoteEngine
 from pagedcy.server.routing import pack_keys
@@ -80,7 +81,7 @@ class EngineReplica:
         try:
             async with aclosing(stream):
                 async for out in stream:
-                    if not hasattr(out, "outputs"):          # Aborted: the replica is stopping
+                    if isinstance(out, Aborted):             # the replica is stopping
                         yield OutputDelta(self.replica_id, finished=True, aborted=True,
                                           stats=self._async.stats)
                         return
