@@ -140,3 +140,14 @@ def test_replica_request_prompt_text_is_one_char_per_token():
     assert len(text) == len(ids) and text.encode("utf-8")      # no lone surrogates
     assert len(set(text)) == len(ids)
     assert ReplicaRequest("r", ids[:3], None).prompt == text[:3]
+
+
+def test_bench_prefix_workload_shape():
+    from pagedcy.tools.bench_replicas import prefix_workload
+    prompts = prefix_workload(4, 3, 32, 8, vocab=1000, seed=1)
+    assert len(prompts) == 12 and all(len(p) == 40 for p in prompts)
+    heads = [tuple(p[:32]) for p in prompts]
+    assert len(set(heads)) == 4 and all(heads.count(h) == 3 for h in set(heads))
+    assert len({tuple(p[32:]) for p in prompts}) == 12            # every tail its own
+    assert heads != sorted(heads, key=heads.index)                # shuffled, not grouped
+    assert prefix_workload(4, 3, 32, 8, vocab=1000, seed=1) == prompts
