@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import signal
 import socket
 import sys
@@ -74,6 +75,24 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug"])
     add_engine_arguments(p)
+    add_replica_arguments(p)
+
+
+def add_replica_arguments(p: argparse.ArgumentParser) -> None:
+    """``serve --replicas N``: engine replicas on Ray Serve (:mod:`pagedcy.server.replicas`)."""
+    p.add_argument("--replicas", type=int, default=None,
+                   help="serve through N engine replicas on Ray Serve (needs ray[serve]; "
+                        "default: one engine in this process)")
+    p.add_argument("--replica-cpus", type=float, default=None,
+                   help="Ray CPUs each replica reserves (default: --num-threads, or 1)")
+    p.add_argument("--router", default="prefix", choices=["prefix", "round-robin", "ray-prefix"],
+                   help="how requests pick a replica: the longest cached prefix of the prompt "
+                        "(default), in turn, or Ray's PrefixCacheAffinityRouter (for comparison)")
+    p.add_argument("--route-max-load-gap", type=int, default=8,
+                   help="prefix routing gives way to the least-loaded replica when the best "
+                        "match has this many more requests in flight (default 8)")
+    p.add_argument("--ray-address", default=None,
+                   help="Ray cluster to join (default: $RAY_ADDRESS, else a local cluster)")
 
 
 def is_loopback(host: str) -> bool:
@@ -112,6 +131,20 @@ def make_server(app, *, host: str, port: int, log_level: str, on_exit):
     return _Server(config)
 
 
+def _serve_replicas(args, api_key) -> int:
+    if not os.path.isfile(os.path.join(args.model, "config.json")):
+        raise SystemExit(f"pagedcy serve: cannot load {args.model}: no config.json there")
+    try:
+        from pagedcy.server.replicas import serve_replicas
+    except ImportError as exc:
+        raise SystemExit(f"pagedcy serve --replicas needs ray[serve] "
+                         f"(pip install 'pagedcy[replicas]'): {exc}") from None
+    try:
+        return serve_replicas(args, api_key)
+    except ValueError as exc:
+        raise SystemExit(f"pagedcy serve: {exc}") from None
+
+
 def serve(args) -> int:
     """Run the server until SIGINT/SIGTERM; 0 on a clean stop."""
     from pagedcy.engine import LLMEngine
@@ -126,6 +159,8 @@ def serve(args) -> int:
     warning = bind_warning(args.host, api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)
+    if args.replicas is not None:
+        return _serve_replicas(args, api_key)
     try:
         engine = LLMEngine(args.model, **engine_kwargs(args))
     except (OSError, ValueError, TypeError) as exc:

@@ -1,5 +1,6 @@
 """Serving benchmark: ``python -m pagedcy bench --serve [--quick] [--model DIR] [...]``.
 
+(``--replicas N``: the prefix-routing benchmark of :mod:`pagedcy.tools.bench_replicas`.)
 Starts ``python -m pagedcy serve`` on 127.0.0.1 (a free port) over a random Llama (hidden 512,
 8 layers, 8 query / 2 KV heads, intermediate 1408, vocab 32000; a smaller one with
 ``--quick``), sends the engine workload (prompts of random token ids, lengths uniform in
@@ -130,7 +131,12 @@ def start_server(model_dir, port, engine_args):
 
 
 def main(argv=None):
-    """``python -m pagedcy bench --serve``: the serving benchmark; returns the exit code."""
+    """``python -m pagedcy bench --serve``: the serving benchmark; returns the exit code.
+    With ``--replicas N``: the replica routing benchmark (:mod:`pagedcy.tools.bench_replicas`)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--replicas" or a.startswith("--replicas=") for a in argv):
+        from pagedcy.tools.bench_replicas import main as replicas_main
+        return replicas_main(argv)
     ap = argparse.ArgumentParser(prog="python -m pagedcy bench --serve",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small model and few requests")
