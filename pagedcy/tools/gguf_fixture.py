@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-__all__ = ["write_gguf", "train_sentencepiece", "SPM_CORPUS", "WRITABLE_TYPES"]
+__all__ = ["write_gguf", "write_vocab_gguf", "train_sentencepiece", "SPM_CORPUS", "WRITABLE_TYPES"]
 
 #: Tensor types this writer can produce.
 WRITABLE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
@@ -38,18 +38,26 @@ SPM_CORPUS = [
 ]
 
 
-def train_sentencepiece(prefix: str | os.PathLike, vocab_size: int = 400,
-                        model_type: str = "bpe") -> str:
+def train_sentencepiece(prefix: str | os.PathLike, vocab_size: int = 500,
+                        model_type: str = "bpe", gemma: bool = False) -> str:
     """Train a byte-fallback SentencePiece model on :data:`SPM_CORPUS`; returns the path of
-    ``<prefix>.model``. ``<s>``/``</s>``/``<unk>`` at ids 1/2/0, plus user-defined ``<tool>``."""
+    ``<prefix>.model``. ``<unk>``/``<s>``/``</s>`` at ids 0/1/2, a control ``<|ctrl|>`` and a
+    user-defined ``<tool>``; with ``gemma``, Gemma's layout instead: ``<pad>``/``<eos>``/
+    ``<bos>``/``<unk>`` at 0-3, then ``<mask>``, ``<start_of_turn>``, ``<end_of_turn>``."""
     import sentencepiece as spm
 
     lines = SPM_CORPUS * 20
+    ids = dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
+    control = ["<|ctrl|>"]
+    if gemma:
+        ids = dict(pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>",
+                   bos_piece="<bos>")
+        control = ["<mask>", "<start_of_turn>", "<end_of_turn>"]
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(lines), model_prefix=os.fspath(prefix), vocab_size=vocab_size,
-        model_type=model_type, byte_fallback=True, character_coverage=1.0,
-        user_defined_symbols=["<tool>"], control_symbols=["<|ctrl|>"],
-        split_digits=True, allow_whitespace_only_pieces=True, remove_extra_whitespaces=False,
+        model_type=model_type, byte_fallback=True, character_coverage=0.98,
+        user_defined_symbols=["<tool>"], control_symbols=control, **ids,
+        split_digits=True, allow_whitespace_only_pieces=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
         hard_vocab_limit=False, minloglevel=2, num_threads=1)
     return os.fspath(prefix) + ".model"
 
@@ -226,16 +234,41 @@ def write_gguf(hf_dir, out_path, *, tensor_type: str = "F32", spm_model=None,
         if arch == "gemma3" and hf.endswith("norm.weight"):
             data = data + np.float32(1.0)
         _add(w, name, data, (types or {}).get(hf, tensor_type))
+    _vocab(w, hf_dir, spm_model, pre_tokenizer, chat_template)
+    return _finish(w, out_path)
+
+
+def _vocab(w, hf_dir, spm_model, pre_tokenizer, chat_template):
+    template = None
     if spm_model is not None:
-        template = None
         _spm_vocab(w, spm_model)
     else:
         template, _ = _bpe_vocab(w, hf_dir, pre_tokenizer)
     template = chat_template if chat_template is not None else template
     if template is not None:
         w.add_chat_template(template)
+
+
+def _finish(w, out_path):
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return os.fspath(out_path)
+
+
+def write_vocab_gguf(out_path, arch: str = "llama", *, hf_dir=None, spm_model=None,
+                     pre_tokenizer: str = "gpt2", chat_template: str | None = None,
+                     metadata: dict | None = None) -> str:
+    """A GGUF holding only a tokenizer (``spm_model`` or ``hf_dir``'s tokenizer.json, as
+    :func:`write_gguf`), ``general.architecture`` = ``arch`` and string/int/float/bool
+    ``metadata`` extras; no tensors. Returns ``out_path``."""
+    import gguf
+
+    w = gguf.GGUFWriter(os.fspath(out_path), arch)
+    w.add_block_count(1)
+    for key, value in (metadata or {}).items():
+        adder = {str: w.add_string, bool: w.add_bool, int: w.add_uint32, float: w.add_float32}
+        adder[type(value)](key, value)
+    _vocab(w, hf_dir, spm_model, pre_tokenizer, chat_template)
+    return _finish(w, out_path)
