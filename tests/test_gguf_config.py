@@ -212,10 +212,9 @@ def _write(path, tensors, arch="llama", extra=None, block_count=1):
     w = gguf.GGUFWriter(os.fspath(path), arch)
     if block_count is not None:
         w.add_block_count(block_count)
-    w.add_embedding_length(256)
-    w.add_head_count(2)
-    w.add_feed_forward_length(512)
-    for k, v in (extra or {}).items():
+    meta = {f"{arch}.embedding_length": 256, f"{arch}.attention.head_count": 2,
+            f"{arch}.feed_forward_length": 512, **(extra or {})}
+    for k, v in meta.items():
         {str: w.add_string, int: w.add_uint32, float: w.add_float32, bool: w.add_bool}[type(v)](k, v)
     for name, (a, code) in tensors.items():
         w.add_tensor(name, a, raw_dtype=code)
@@ -267,6 +266,9 @@ def test_unsupported_tensor_type_names_tensor_and_type(tmp_path, qtype):
     ({"llama.context_length": 1.5}, 1, "llama", "context_length.*int"),
     ({"llama.rope.scaling.type": "weird"}, 1, "llama", "rope scaling type 'weird'"),
     ({}, 1, "mamba", "unsupported GGUF architecture 'mamba'"),
+    ({}, 2**31, "gemma3", "block_count.*must be in"),
+    ({"llama.attention.head_count_kv": 0}, 1, "llama", "head_count_kv.*must be in"),
+    ({"llama.feed_forward_length": 0}, 1, "llama", "feed_forward_length"),
 ])
 def test_bad_metadata(tmp_path, extra, block_count, arch, match):
     t = {"token_embd.weight": (np.zeros((4, 256), np.float32), None)}

@@ -154,3 +154,21 @@ def test_add_space_prefix_false_is_honoured(files):
     assert first(with_prefix).startswith("\u2581") and not first(without).startswith("\u2581")
     for tok in (with_prefix, without):
         assert tok.decode(tok.encode("hello world")) == "hello world"
+
+
+def test_byte_alphabet_is_tokenizers():
+    from tokenizers import pre_tokenizers
+
+    from pagedcy.models.gguf_tokenizer import _bytes_to_unicode
+
+    table = _bytes_to_unicode()
+    assert sorted(table) == list(range(256))
+    assert set(table.values()) == set(pre_tokenizers.ByteLevel.alphabet())
+
+
+@pytest.mark.parametrize("key,value", [("tokenizer.ggml.pre", ["qwen2"]), ("tokenizer.ggml.model", 3)])
+def test_mistyped_tokenizer_names(files, key, value):
+    with GGUFFile(files["bpe"]) as f:
+        md = dict(f.metadata)
+    with pytest.raises(ValueError, match=key.split(".")[-1]):
+        gguf_tokenizer(dict(md, **{key: value}))

@@ -44,6 +44,9 @@ _NOT_PARAMETERS = ("rope_freqs.weight",)
 #: End-of-generation tokens llama.cpp recognises by their text (llama-vocab.cpp).
 _EOG_TEXTS = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 _REQUIRED = object()
+#: Bounds on sizes read from metadata, so per-layer tables stay small for any file.
+_MAX_LAYERS = 1 << 16
+_MAX_SIZE = 1 << 40
 
 
 def _arch(md) -> str:
@@ -54,9 +57,10 @@ def _arch(md) -> str:
     return arch
 
 
-def _get(md, key, kind, default=_REQUIRED):
-    """``md[key]`` checked to be of ``kind`` (int, float, str or bool); ValueError naming the
-    key when missing (without a default) or of another type."""
+def _get(md, key, kind, default=_REQUIRED, upper=None):
+    """``md[key]`` checked to be of ``kind`` (int, float, str or bool; ints with ``upper``
+    set must lie in ``[1, upper]``); ValueError naming the key when missing (without a
+    default), of another type or out of range."""
     if key not in md:
         if default is _REQUIRED:
             raise ValueError(f"GGUF metadata {key!r} is missing")
@@ -68,17 +72,19 @@ def _get(md, key, kind, default=_REQUIRED):
         raise ValueError(f"GGUF metadata {key!r} must be {kind.__name__}, got {type(v).__name__}")
     if kind is float and not math.isfinite(v):
         raise ValueError(f"GGUF metadata {key!r} must be finite, got {v}")
+    if upper is not None and not 1 <= v <= upper:
+        raise ValueError(f"GGUF metadata {key!r} must be in [1, {upper}], got {v}")
     return v
 
 
-def _per_layer_int(md, key, layers, default):
-    """An int, or a per-layer array of equal ints (llama.cpp writes either)."""
-    v = md.get(key, default)
+def _per_layer_int(md, key, layers, default=_REQUIRED):
+    """A positive int, or a per-layer array of equal ones (llama.cpp writes either)."""
+    v = md.get(key)
     if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu":
         if len(v) != layers or len(set(v.tolist())) != 1:
             raise ValueError(f"GGUF metadata {key!r}: per-layer values {v.tolist()} are not supported")
-        return int(v[0])
-    return _get({key: v}, key, int)
+        md = {key: int(v[0])}
+    return _get(md, key, int, default, upper=_MAX_SIZE)
 
 
 def config_from_metadata(gguf: GGUFFile) -> dict:
@@ -87,21 +93,22 @@ def config_from_metadata(gguf: GGUFFile) -> dict:
     md, arch = gguf.metadata, _arch(gguf.metadata)
     hf_arch, model_type = GGUF_ARCHITECTURES[arch]
     p = arch + "."
-    layers = _get(md, p + "block_count", int)
-    heads = _per_layer_int(md, p + "attention.head_count", layers, None)
+    layers = _get(md, p + "block_count", int, upper=_MAX_LAYERS)
+    heads = _per_layer_int(md, p + "attention.head_count", layers)
     kv_heads = _per_layer_int(md, p + "attention.head_count_kv", layers, heads)
-    hidden = _get(md, p + "embedding_length", int)
+    hidden = _get(md, p + "embedding_length", int, upper=_MAX_SIZE)
     q = gguf.tensors.get("blk.0.attn_q.weight")
     head_dim = _get(md, p + "attention.key_length", int,
-                    q.shape[0] // heads if q is not None and heads else hidden // max(heads, 1))
+                    q.shape[0] // heads if q is not None else hidden // heads, upper=_MAX_SIZE)
     embd = gguf.tensors.get("token_embd.weight")
-    vocab = embd.shape[0] if embd is not None else len(md.get("tokenizer.ggml.tokens", ()))
+    tokens = md.get("tokenizer.ggml.tokens")
+    vocab = embd.shape[0] if embd is not None else len(tokens) if isinstance(tokens, list) else None
     cfg = {
         "architectures": [hf_arch], "model_type": model_type,
         "vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
         "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
-        "intermediate_size": _per_layer_int(md, p + "feed_forward_length", layers, None),
-        "max_position_embeddings": _get(md, p + "context_length", int, 2048),
+        "intermediate_size": _per_layer_int(md, p + "feed_forward_length", layers),
+        "max_position_embeddings": _get(md, p + "context_length", int, 2048, upper=_MAX_SIZE),
         "rms_norm_eps": _get(md, p + "attention.layer_norm_rms_epsilon", float, 1e-6),
         "rope_theta": _get(md, p + "rope.freq_base", float, 10000.0),
         "rope_scaling": _rope_scaling(gguf, p, head_dim),
@@ -134,9 +141,8 @@ def _gemma3(md, p, cfg):
         sliding = [bool(x) for x in pattern]
         pattern = None
     else:
-        pattern = _get({"pattern": pattern}, "pattern", int)
-        if pattern < 1:
-            raise ValueError(f"GGUF metadata {p}attention.sliding_window_pattern must be >= 1")
+        pattern = _get({p + "attention.sliding_window_pattern": pattern},
+                       p + "attention.sliding_window_pattern", int, upper=_MAX_LAYERS)
         sliding = [bool((i + 1) % pattern) for i in range(layers)]
     # the 27B model scales queries by hidden/heads, the others by head_dim (as llama.cpp)
     scalar = (cfg["hidden_size"] // cfg["num_attention_heads"] if layers == 62
@@ -144,7 +150,7 @@ def _gemma3(md, p, cfg):
     out = {
         "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False,
         "query_pre_attn_scalar": scalar,
-        "sliding_window": _get(md, p + "attention.sliding_window", int, 4096),
+        "sliding_window": _get(md, p + "attention.sliding_window", int, 4096, upper=_MAX_SIZE),
         "rope_local_base_freq": _get(md, p + "rope.freq_base_swa", float, 10000.0),
         "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
         "final_logit_softcapping": _get(md, p + "final_logit_softcapping", float, None),

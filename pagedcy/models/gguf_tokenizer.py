@@ -17,6 +17,8 @@ added per ``tokenizer.ggml.add_bos_token`` / ``add_eos_token``.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 __all__ = ["SUPPORTED_PRE_TOKENIZERS", "build_tokenizer", "gguf_tokenizer"]
@@ -121,7 +123,7 @@ def _byte_level(md, tokens):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     pre = md.get("tokenizer.ggml.pre", "default")
-    if pre not in SUPPORTED_PRE_TOKENIZERS:
+    if not isinstance(pre, str) or pre not in SUPPORTED_PRE_TOKENIZERS:
         raise ValueError(f"unsupported GGUF pre-tokenizer 'tokenizer.ggml.pre' = {pre!r}; "
                          f"supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)}")
     merges = md.get("tokenizer.ggml.merges")
@@ -150,10 +152,10 @@ def _byte_level(md, tokens):
     return tok, tokens
 
 
+@functools.lru_cache(maxsize=1)
 def _bytes_to_unicode():
-    """GPT-2's byte -> printable character table (the byte-level alphabet)."""
-    from tokenizers import pre_tokenizers
-
+    """GPT-2's byte -> printable character table (the byte-level alphabet; the same set as
+    ``tokenizers.pre_tokenizers.ByteLevel.alphabet()``)."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
     table, extra = {}, 0
     for b in range(256):
@@ -162,7 +164,6 @@ def _bytes_to_unicode():
         else:
             table[b] = chr(256 + extra)
             extra += 1
-    assert set(table.values()) == set(pre_tokenizers.ByteLevel.alphabet())
     return table
 
 
