@@ -306,3 +306,38 @@ def test_config_json_roundtrip(checkpoints, tmp_path):
     with read_gguf(write_gguf(checkpoints["qwen3"], tmp_path / "m.gguf")) as f:
         assert json.loads(json.dumps(f.config_dict)) == f.config_dict
         assert f.tokenizer().encode("hello") and f.file_size == os.path.getsize(tmp_path / "m.gguf")
+
+
+def _transformers_state(gguf_path):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf_path), dtype=torch.float32,
+                                                 gguf_file=os.path.basename(gguf_path))
+    return {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("case,qtype", [("llama", "Q8_0"), ("llama_bias_tied", "Q4_1"),
+                                        ("qwen2", "F16")])
+def test_tensors_equal_transformers_gguf_loader(checkpoints, tmp_path, case, qtype):
+    """transformers' own GGUF loader (its dequantization and reverse_permute) gives the same
+    float32 weights as ours, bit for bit."""
+    g = write_gguf(checkpoints[case], tmp_path / "m.gguf", tensor_type=qtype)
+    theirs = _transformers_state(g)
+    with read_gguf(g) as f:
+        if f.config_dict["tie_word_embeddings"]:
+            theirs.pop("lm_head.weight")
+        # transformers' GGUF config has no attention_bias/mlp_bias: its model drops the biases
+        assert set(theirs) <= set(f.tensors)
+        assert len(theirs) > 10
+        for name, want in theirs.items():
+            np.testing.assert_array_equal(f.tensors[name].dequantize(), want, err_msg=name)
+
+
+def test_gemma3_tensors_equal_transformers_gguf_loader(gemma3):
+    _, g = gemma3
+    theirs = _transformers_state(g)
+    with read_gguf(g) as f:
+        assert set(f.tensors) == set(theirs) - {"lm_head.weight"}
+        for name, t in f.tensors.items():
+            np.testing.assert_array_equal(t.dequantize(), theirs[name], err_msg=name)
