@@ -186,3 +186,15 @@ def test_incremental_detokenizer_concatenates_to_decode(files, kind):
         pieces = "".join(det.step(i) for i in ids) + det.flush()
         want = tok.decode(prompt + ids)[len(tok.decode(prompt)):]
         assert pieces == want
+
+
+def test_add_bos_and_add_eos_flags(files):
+    with GGUFFile(files["spm"]) as f:
+        md = dict(f.metadata)
+    bos, eos = md["tokenizer.ggml.bos_token_id"], md["tokenizer.ggml.eos_token_id"]
+    both = gguf_tokenizer(dict(md, **{"tokenizer.ggml.add_eos_token": True}))
+    ids = both.encode("hi")
+    assert ids[0] == bos and ids[-1] == eos
+    assert both.encode("hi", add_special_tokens=False)[-1] != eos
+    neither = gguf_tokenizer(dict(md, **{"tokenizer.ggml.add_bos_token": False}))
+    assert bos not in neither.encode("hi") and eos not in neither.encode("hi")
