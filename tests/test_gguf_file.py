@@ -222,7 +222,7 @@ def valid_blob(tmp_path_factory):
     path = _valid(tmp_path_factory.mktemp("fuzz"))
     with GGUFFile(path) as f:
         header = f.data_offset
-    return open(path, "rb").read(), header
+    return _Blob(open(path, "rb").read(), header)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -256,3 +256,47 @@ def test_fuzz_mutated_headers(valid_blob, tmp_path, data):
     finally:
         tracemalloc.stop()
     assert peak < 4 << 20
+
+
+@pytest.fixture(scope="module")
+def model_blob(tmp_path_factory):
+    from pagedcy.models import write_random_checkpoint
+    from pagedcy.tools.gguf_fixture import write_gguf
+
+    d = tmp_path_factory.mktemp("fuzz_model")
+    ckpt = write_random_checkpoint(d / "hf", "LlamaForCausalLM", hidden_size=64, intermediate_size=64,
+                                   num_hidden_layers=1)
+    path = write_gguf(ckpt, d / "m.gguf", tensor_type="Q8_0")
+    with GGUFFile(path) as f:
+        header = f.data_offset
+    return _Blob(open(path, "rb").read(), header)
+
+
+class _Blob(tuple):
+    """(bytes, header size) with a short repr, so a failing example prints readably."""
+
+    def __new__(cls, blob, header):
+        return super().__new__(cls, (blob, header))
+
+    def __repr__(self):
+        return f"<GGUF of {len(self[0])} bytes, header {self[1]}>"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzz_converted_model(model_blob, tmp_path, data):
+    """Byte edits anywhere in a converted model's header: read_gguf, the config, the tensor
+    map and the tokenizer raise only ValueError."""
+    blob, header = model_blob
+    b = bytearray(blob)
+    for _ in range(data.draw(st.integers(1, 4))):
+        b[data.draw(st.integers(0, header - 1))] = data.draw(st.integers(0, 255))
+    path = tmp_path / "fuzz.gguf"
+    path.write_bytes(bytes(b))
+    try:
+        with read_gguf(path) as f:
+            f.tokenizer().encode("hello world")
+            for t in f.tensors.values():
+                t.dequantize()
+    except ValueError:
+        pass

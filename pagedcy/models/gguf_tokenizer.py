@@ -89,6 +89,15 @@ def _merges_from_scores(vocab, scores):
     return [(a, b) for a, b, _ in merges]
 
 
+def _bpe(models, **kwargs):
+    """``tokenizers.models.BPE(**kwargs)``; its bare Exception (e.g. a merge naming a token
+    the vocabulary lacks) becomes a ValueError."""
+    try:
+        return models.BPE(**kwargs)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception
+        raise ValueError(f"GGUF tokenizer metadata does not form a BPE model: {e}") from None
+
+
 def _spm(md, tokens, gemma):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
@@ -103,8 +112,8 @@ def _spm(md, tokens, gemma):
             raise ValueError("GGUF metadata 'tokenizer.ggml.scores' is missing (a llama tokenizer needs it)")
         scores = dict(zip(tokens, raw.tolist()))
     unk = "<unk>" if gemma and "<unk>" in vocab else None
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=_merges_from_scores(vocab, scores),
-                               fuse_unk=True, byte_fallback=True, unk_token=unk))
+    tok = Tokenizer(_bpe(models, vocab=vocab, merges=_merges_from_scores(vocab, scores),
+                         fuse_unk=True, byte_fallback=True, unk_token=unk))
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     if gemma:
         tok.normalizer = normalizers.Replace(" ", "\u2581")
@@ -138,9 +147,8 @@ def _byte_level(md, tokens):
     # a token spelled outside the byte alphabet is respelled byte by byte, as transformers does
     tokens = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))
               for t in tokens]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=pairs,
-                               continuing_subword_prefix="", end_of_word_suffix="",
-                               fuse_unk=False))
+    tok = Tokenizer(_bpe(models, vocab={t: i for i, t in enumerate(tokens)}, merges=pairs,
+                         continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
     split = SUPPORTED_PRE_TOKENIZERS[pre]
     if split is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
