@@ -341,3 +341,20 @@ def test_gemma3_tensors_equal_transformers_gguf_loader(gemma3):
         assert set(f.tensors) == set(theirs) - {"lm_head.weight"}
         for name, t in f.tensors.items():
             np.testing.assert_array_equal(t.dequantize(), theirs[name], err_msg=name)
+
+
+def test_reader_interface(checkpoints, tmp_path):
+    """names/contains/shape/get, as CheckpointReader offers them, with named errors."""
+    path = checkpoints["qwen2"]
+    hf = _hf(path)
+    with read_gguf(write_gguf(path, tmp_path / "m.gguf", tensor_type="F16")) as f:
+        assert sorted(f.names()) == sorted(hf) and "model.norm.weight" in f
+        name = "model.layers.1.mlp.down_proj.weight"
+        assert f.shape(name) == hf[name].shape
+        got = f.get(name, hf[name].shape)
+        assert got.dtype == np.float32 and got.flags.writeable and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, hf[name].astype(np.float16).astype(np.float32))
+        with pytest.raises(ValueError, match="no tensor 'nope'"):
+            f.get("nope")
+        with pytest.raises(ValueError, match=r"shape \[128, 256\], expected \[1, 2\]"):
+            f.get(name, (1, 2))

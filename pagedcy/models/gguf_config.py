@@ -82,7 +82,8 @@ def _per_layer_int(md, key, layers, default=_REQUIRED):
     v = md.get(key)
     if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu":
         if len(v) != layers or len(set(v.tolist())) != 1:
-            raise ValueError(f"GGUF metadata {key!r}: per-layer values {v.tolist()} are not supported")
+            raise ValueError(f"GGUF metadata {key!r}: {len(v)} per-layer values for {layers} "
+                             "layers, or values that differ between layers, are not supported")
         md = {key: int(v[0])}
     return _get(md, key, int, default, upper=_MAX_SIZE)
 
@@ -236,10 +237,13 @@ def generation_from_metadata(gguf: GGUFFile) -> dict:
     eos = [_get(md, f"tokenizer.ggml.{k}_token_id", int, None) for k in ("eos", "eot", "eom")]
     tokens = md.get("tokenizer.ggml.tokens")
     types = md.get("tokenizer.ggml.token_type")
-    if isinstance(tokens, list) and isinstance(types, np.ndarray) and len(types) == len(tokens):
-        for text in _EOG_TEXTS:
-            ids = [i for i, t in enumerate(tokens) if t == text and types[i] in (3, 4)]
-            eos += ids[:1]
+    if (isinstance(tokens, list) and all(isinstance(t, str) for t in tokens)
+            and isinstance(types, np.ndarray) and types.shape == (len(tokens),)):
+        found = {}
+        for i, t in enumerate(tokens):
+            if t in _EOG_TEXTS and t not in found and types[i] in (3, 4):
+                found[t] = i
+        eos += [found[t] for t in _EOG_TEXTS if t in found]
     out = {"bos_token_id": _get(md, "tokenizer.ggml.bos_token_id", int, None),
            "eos_token_id": list(dict.fromkeys(e for e in eos if e is not None)),
            "pad_token_id": _get(md, "tokenizer.ggml.padding_token_id", int, None)}

@@ -6,10 +6,13 @@ memory-mapped tensors under HF names.
         cfg = ModelConfig.from_dict(f.config_dict, f.generation)
         w = f.tensors["model.layers.0.self_attn.q_proj.weight"]   # GGUFTensor, raw rows
         tok = f.tokenizer()
+        x = f.get("model.norm.weight", (cfg.hidden_size,))          # float32, dequantized
 """
 from __future__ import annotations
 
 import os
+
+import numpy as np
 
 from pagedcy.models.gguf_config import config_from_metadata, generation_from_metadata, hf_tensors
 from pagedcy.models.gguf_file import GGUFFile, GGUFTensor
@@ -40,6 +43,32 @@ class GGUFModelFile:
         if template is not None and not isinstance(template, str):
             raise ValueError("GGUF metadata 'tokenizer.chat_template' must be a string")
         self.chat_template = template
+
+    def names(self) -> list[str]:
+        """HF names of the file's tensors, in file order."""
+        return list(self.tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Logical (HF-order) shape of tensor ``name``."""
+        return self.tensor(name).shape
+
+    def tensor(self, name: str, shape: tuple[int, ...] | None = None) -> GGUFTensor:
+        """The :class:`GGUFTensor` ``name``; ValueError if the file lacks it or (with
+        ``shape``) its shape differs, naming it."""
+        t = self.tensors.get(name)
+        if t is None:
+            raise ValueError(f"GGUF file {self.path!r} has no tensor {name!r}")
+        if shape is not None and t.shape != tuple(shape):
+            raise ValueError(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)}")
+        return t
+
+    def get(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """Tensor ``name`` dequantized to a new float32 array of its HF shape (checked against
+        ``shape``): the interface of :class:`pagedcy.models.weights.CheckpointReader`."""
+        return self.tensor(name, shape).dequantize()
 
     def tokenizer(self):
         """The file's tokenizer as a pagedcy :class:`~pagedcy.engine.tokenizer.Tokenizer`
