@@ -198,3 +198,25 @@ def test_add_bos_and_add_eos_flags(files):
     assert both.encode("hi", add_special_tokens=False)[-1] != eos
     neither = gguf_tokenizer(dict(md, **{"tokenizer.ggml.add_bos_token": False}))
     assert bos not in neither.encode("hi") and eos not in neither.encode("hi")
+
+
+def test_llama3_pieces_skip_merges(files):
+    """A pre-token that is itself a vocabulary token is taken whole under the Llama 3 split
+    (ignore_merges), and merged from bytes under GPT-2's; the flag default follows llama.cpp."""
+    with GGUFFile(files["bpe_llama-bpe"]) as f:
+        md = dict(f.metadata)
+    import numpy as np
+
+    tokens = list(md["tokenizer.ggml.tokens"]) + ["zqxj"]       # reachable by no merge
+    types = np.append(md["tokenizer.ggml.token_type"], 1)
+    md.update({"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types})
+    llama3 = gguf_tokenizer(md)
+    gpt2 = gguf_tokenizer(dict(md, **{"tokenizer.ggml.pre": "gpt2"}))
+    whole = len(tokens) - 1
+    assert llama3.encode("zqxj", add_special_tokens=False) == [whole]
+    assert whole not in gpt2.encode("zqxj", add_special_tokens=False)
+    assert types[whole] == 1
+    no_flag = {k: v for k, v in md.items() if k != "tokenizer.ggml.add_bos_token"}
+    assert gguf_tokenizer(no_flag).encode("hi")[0] == md["tokenizer.ggml.bos_token_id"]
+    no_flag["tokenizer.ggml.pre"] = "qwen2"
+    assert gguf_tokenizer(no_flag).encode("hi")[0] != md["tokenizer.ggml.bos_token_id"]

@@ -9,7 +9,9 @@ gguf_file=...)``:
 - ``llama`` (SentencePiece): a BPE with byte fallback whose merges are recovered from the
   vocabulary, best score first; Metaspace pre-tokenizer (``add_space_prefix`` honoured).
   Gemma 3 files: merges ranked by file order and spaces-only tokens respelled with U+2581;
-- ``gpt2`` (byte-level BPE): the file's merges, split by the regex ``tokenizer.ggml.pre`` names.
+- ``gpt2`` (byte-level BPE): the file's merges, split by the regex ``tokenizer.ggml.pre`` names;
+  for the Llama 3 names a piece that is a whole token is taken as is (``ignore_merges``, as in
+  Llama 3's tokenizer.json and llama.cpp), which transformers' converter omits.
 
 Control tokens (type 3) become special added tokens (skipped by ``decode(...,
 skip_special_tokens=True)``), user-defined ones (type 4) plain added tokens; bos/eos are
@@ -32,6 +34,8 @@ _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
 _TEKKEN_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
                  r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
                  r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+_LLAMA3_NAMES = ("llama-bpe", "llama3", "llama-v3")
 
 #: ``tokenizer.ggml.pre`` -> split regex (None: GPT-2's own, inside ByteLevel).
 SUPPORTED_PRE_TOKENIZERS = {
@@ -147,8 +151,11 @@ def _byte_level(md, tokens):
     # a token spelled outside the byte alphabet is respelled byte by byte, as transformers does
     tokens = [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))
               for t in tokens]
+    # Llama 3 splits look a whole piece up before merging (tokenizer.json's ignore_merges;
+    # llama.cpp's llama-vocab.cpp sets it for these names); transformers' converter does not
     tok = Tokenizer(_bpe(models, vocab={t: i for i, t in enumerate(tokens)}, merges=pairs,
-                         continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
+                         continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
+                         ignore_merges=pre in _LLAMA3_NAMES))
     split = SUPPORTED_PRE_TOKENIZERS[pre]
     if split is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -205,7 +212,9 @@ def build_tokenizer(metadata: dict):
     # the named specials are special even when the file types them as normal (transformers)
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in named.values()
                             if t not in {a.content for a in control}])
-    add_bos = _flag(md, "tokenizer.ggml.add_bos_token", model == "llama") and "bos" in named
+    # without the flag llama.cpp adds BOS for SentencePiece and Llama 3 vocabularies
+    bos_default = model == "llama" or md.get("tokenizer.ggml.pre") in _LLAMA3_NAMES
+    add_bos = _flag(md, "tokenizer.ggml.add_bos_token", bos_default) and "bos" in named
     add_eos = _flag(md, "tokenizer.ggml.add_eos_token", False) and "eos" in named
     single = " ".join(([named["bos"] + ":0"] if add_bos else []) + ["$A:0"]
                       + ([named["eos"] + ":0"] if add_eos else []))
