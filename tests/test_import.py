@@ -10,7 +10,8 @@ import pytest
 import pagedcy
 
 HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "tqdm", "fastapi", "starlette",
-         "pydantic", "uvicorn", "jinja2", "rich", "prometheus_client", "httpx", "openai")
+         "pydantic", "uvicorn", "jinja2", "rich", "prometheus_client", "httpx", "openai", "gguf",
+         "sentencepiece")
 
 CASES = [
     "import pagedcy; pagedcy.show_config()",
@@ -19,6 +20,7 @@ CASES = [
     "import pagedcy.engine",
     "import pagedcy; pagedcy.LLM, pagedcy.SamplingParams",
     "import pagedcy.tools.cli, pagedcy.tools.info, pagedcy.tools.demo, pagedcy.tools.bench",
+    "import pagedcy.models.gguf_model, pagedcy.models.gguf_tokenizer, pagedcy.tools.gguf_fixture",
 ]
 
 

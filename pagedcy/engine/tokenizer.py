@@ -37,6 +37,18 @@ class Tokenizer:
             self._tok = _HFTokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception for bad JSON
             raise ValueError(f"cannot read tokenizer {path}: {e}") from None
+        self._configure(config)
+
+    @classmethod
+    def from_backend(cls, backend, config=None):
+        """Wrap a ``tokenizers.Tokenizer`` object ``backend`` (e.g. one built from a GGUF
+        file's metadata); ``config`` as for the constructor."""
+        self = cls.__new__(cls)
+        self._tok = backend
+        self._configure(config)
+        return self
+
+    def _configure(self, config):
         config = config or {}
         template = config.get("chat_template")
         if isinstance(template, list):     # [{"name": "default", "template": ...}, ...]
