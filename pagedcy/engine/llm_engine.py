@@ -30,7 +30,9 @@ class LLMEngine:
               num_threads=None, seed=0, preemption_mode="recompute", swap_pages=0,
               max_model_len=None, dtype="auto", quantization=None)
 
-    model_dir: a Hugging Face checkpoint directory (``pagedcy.models.load_model``).
+    model_dir: a Hugging Face checkpoint directory (``pagedcy.models.load_model``) or a GGUF
+    file (``model.gguf``: weights stay in their block formats, memory-mapped; the tokenizer and
+    chat template come from its metadata).
     dtype / quantization: how the weights are held (``load_model``'s options, vLLM's names):
     dtype "auto" (as stored: 16-bit stays 16-bit), "float32", "float16" or "bfloat16";
     quantization None, "q8_0" or "q4_0" (GGUF block formats, quantized at load).
@@ -61,7 +63,12 @@ class LLMEngine:
                        preemption_mode=preemption_mode, swap_pages=swap_pages,
                        max_model_len=max_model_len)
         _check_options(**options)   # before the (slow) load
-        from pagedcy.models import load_model
+        from pagedcy.models.loader import is_gguf, load_gguf, load_model
+        if is_gguf(model_dir):       # one file: the model, its tokenizer and chat template
+            model, tokenizer, _ = load_gguf(model_dir, num_threads=num_threads, dtype=dtype,
+                                            quantization=quantization)
+            self._setup(model, tokenizer, os.fspath(model_dir), **options)
+            return
         model = load_model(model_dir, num_threads=num_threads, dtype=dtype,
                            quantization=quantization)
         self._setup(model, load_tokenizer(model_dir), os.fspath(model_dir), **options)

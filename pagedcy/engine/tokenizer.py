@@ -183,8 +183,14 @@ def token_bytes_table(backend):
 
 
 def load_tokenizer(model_dir):
-    """The :class:`Tokenizer` of a checkpoint directory, or None if it has no
-    ``tokenizer.json``. ValueError if tokenizer.json or tokenizer_config.json is corrupt."""
+    """The :class:`Tokenizer` of a checkpoint directory (or of a GGUF file, built from its
+    metadata), or None if it has no ``tokenizer.json``. ValueError if tokenizer.json or
+    tokenizer_config.json is corrupt."""
+    from pagedcy.models.loader import is_gguf
+    if is_gguf(model_dir):
+        from pagedcy.models.gguf_model import read_gguf
+        with read_gguf(model_dir) as f:
+            return f.tokenizer()
     path = os.path.join(model_dir, "tokenizer.json")
     if not os.path.isfile(path):
         return None

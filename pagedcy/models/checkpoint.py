@@ -120,6 +120,8 @@ def write_random_checkpoint(path, architecture: str = "LlamaForCausalLM", *, dty
     raw["model_type"] = _MODEL_TYPES[architecture]
     if not gemma:
         raw.setdefault("hidden_act", "silu")
+        # explicit, as real checkpoints write it: transformers' defaults differ (Qwen3: 128)
+        raw.setdefault("head_dim", raw["hidden_size"] // raw["num_attention_heads"])
     raw.setdefault("torch_dtype", dtype)
     specials = _tok.special_token_ids()
     raw.setdefault("bos_token_id", specials["<s>"])

@@ -18,6 +18,9 @@ _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh
                 "gelu_new": "gelu_tanh"}
 
 
+_DEFAULT_HEAD_DIM = {"Gemma3ForCausalLM": 256, "Qwen3ForCausalLM": 128}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Geometry and options of a supported decoder-only checkpoint.
@@ -107,7 +110,8 @@ class ModelConfig:
         hidden = _int(raw, "hidden_size")
         heads = _int(raw, "num_attention_heads")
         kv_heads = _int(raw, "num_key_value_heads", heads)
-        head_dim = raw.get("head_dim") or (256 if gemma else hidden // heads)
+        # a missing head_dim means transformers' default for the class (Qwen3: 128, Gemma 3: 256)
+        head_dim = raw.get("head_dim") or _DEFAULT_HEAD_DIM.get(arch) or hidden // heads
         head_dim = _int({"head_dim": head_dim}, "head_dim")
         if heads % kv_heads:
             raise ValueError(f"num_attention_heads ({heads}) must be a multiple of "

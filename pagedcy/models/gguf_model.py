@@ -70,6 +70,19 @@ class GGUFModelFile:
         ``shape``): the interface of :class:`pagedcy.models.weights.CheckpointReader`."""
         return self.tensor(name, shape).dequantize()
 
+    def get_stored(self, name: str, shape: tuple[int, ...] | None = None):
+        """``(stored, fmt)`` of tensor ``name`` as the file holds it, no copy: F32 as float32,
+        F16 as float16, BF16 as uint16 bit patterns (``fmt`` "float32" / "float16" /
+        "bfloat16"), a block format as its raw rows uint8 ``[N, row_bytes]`` with ``fmt`` the
+        lower-case GGML type name: the interface :func:`pagedcy.models.loader.build_model`
+        reads."""
+        t = self.tensor(name, shape)
+        plain = {0: ("<f4", "float32"), 1: ("<f2", "float16"), 30: ("<u2", "bfloat16")}
+        if t.ggml_type in plain:
+            dt, fmt = plain[t.ggml_type]
+            return t.raw.view(dt).reshape(t.shape), fmt
+        return t.raw, t.type_name.lower()
+
     def tokenizer(self):
         """The file's tokenizer as a pagedcy :class:`~pagedcy.engine.tokenizer.Tokenizer`
         (built on each call). ValueError if the metadata describes none pagedcy supports."""

@@ -9,12 +9,13 @@ from pagedcy.models.model import CausalLM
 from pagedcy.models.storage import WeightStorage, check_load_options
 from pagedcy.models.weights import CheckpointReader
 
-__all__ = ["load_model", "build_model"]
+__all__ = ["load_model", "load_gguf", "is_gguf", "build_model"]
 
 
 def load_model(path: str | os.PathLike, *, num_threads: int | None = None, dtype: str = "auto",
                quantization: str | None = None) -> CausalLM:
-    """Load ``config.json`` and ``model.safetensors`` (or a sharded index) from ``path``.
+    """Load ``config.json`` and ``model.safetensors`` (or a sharded index) from ``path``, or a
+    GGUF file (:func:`load_gguf`).
 
     ``dtype`` ("auto", "float32", "float16", "bfloat16") and ``quantization`` (None, "q8_0",
     "q4_0") choose how the matrices are held (:mod:`pagedcy.models.storage`): "auto" keeps
@@ -25,11 +26,45 @@ def load_model(path: str | os.PathLike, *, num_threads: int | None = None, dtype
     (naming it).
     """
     check_load_options(dtype, quantization)     # before touching the disk
+    if is_gguf(path):
+        return load_gguf(path, num_threads=num_threads, dtype=dtype, quantization=quantization)[0]
     if not os.path.isdir(path):
         raise FileNotFoundError(f"model directory {os.fspath(path)!r} does not exist")
     cfg = ModelConfig.from_dir(path)
     return build_model(cfg, CheckpointReader(path), num_threads=num_threads, dtype=dtype,
                        quantization=quantization)
+
+
+def is_gguf(path) -> bool:
+    """True when ``path`` is a file that starts with GGUF's magic (a ``.gguf`` file that does
+    not is left to :func:`load_gguf`'s error)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        return False
+    if path.endswith(".gguf"):
+        return True
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def load_gguf(path: str | os.PathLike, *, num_threads: int | None = None, dtype: str = "auto",
+              quantization: str | None = None):
+    """``(CausalLM, Tokenizer, chat_template)`` of a GGUF file: architecture and
+    hyper-parameters from its metadata, tensors memory-mapped and kept in their block
+    formats (Q4_K, Q8_0, F16, ...: no float32 copy of the model), the tokenizer built from
+    ``tokenizer.ggml.*`` and ``tokenizer.chat_template`` (str or None). FileNotFoundError
+    for a missing file, ValueError for a malformed or unsupported one (naming the problem)."""
+    from pagedcy.models.gguf_model import read_gguf
+
+    check_load_options(dtype, quantization)
+    f = read_gguf(path)
+    try:
+        cfg = ModelConfig.from_dict(f.config_dict, f.generation)
+        model = build_model(cfg, f, num_threads=num_threads, dtype=dtype,
+                            quantization=quantization)
+        return model, f.tokenizer(), f.chat_template
+    finally:
+        f.close()     # the weights' views keep the mapping alive
 
 
 def build_model(cfg: ModelConfig, reader, *, num_threads: int | None = None, dtype: str = "auto",
