@@ -146,6 +146,7 @@ def test_two_engines_in_two_processes_share_pages(redis_server, tmp_path):
 
 # -- faults ----------------------------------------------------------------------------------
 def test_store_down_at_start(tmp_path):
+    pytest.importorskip("redis")
     prompts = _prompts()
     ref = _run(_engine(), prompts)
     eng = _engine(f"unix://{tmp_path}/nobody.sock")
@@ -275,6 +276,22 @@ def test_value_evicted_between_lookup_and_fetch(redis_server):
     eng.close()
 
 
+def test_password_passes_through_and_a_wrong_one_only_costs_prefill(redis_server):
+    prompts = _prompts()
+    ref = _run(_engine(), prompts)
+    redis_server.client().config_set("requirepass", "s3cret")
+    assert _fill(redis_server.url + "?password=s3cret", prompts) == ref
+    eng = _engine(redis_server.url + "?password=wrong")
+    assert _run(eng, prompts) == ref
+    assert eng.stats().kv_store_pages_loaded == 0 and eng.stats().kv_store_errors >= 1
+    eng.close()
+    eng = _engine(redis_server.url + "?password=s3cret")
+    assert _run(eng, prompts) == ref
+    assert eng.stats().kv_store_pages_loaded == _full_pages(prompts)
+    eng.close()
+    assert _run(eng, prompts) == ref            # closed: the engine goes on without it
+
+
 def test_options_checked():
     with pytest.raises(ValueError, match="redis://"):
         _engine("http://x")
@@ -282,6 +299,7 @@ def test_options_checked():
         _engine(5)
     with pytest.raises(ValueError, match="prefix"):
         _engine("redis://localhost", enable_prefix_cache=False)
+    pytest.importorskip("redis")
     with pytest.raises(ValueError, match="URL"):
         _engine("redis://localhost:notaport")
 

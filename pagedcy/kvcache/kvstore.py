@@ -201,7 +201,10 @@ class KVStore:
         arrives as a :class:`LookupResult` with ``token`` in :meth:`results`. Returns at
         once."""
         with self._cv:
-            self._lookups.append((token, list(hashes), time.perf_counter()))
+            if self._closed:                   # answered at once: nothing found
+                self._results.append(LookupResult(token, [], len(hashes)))
+            else:
+                self._lookups.append((token, list(hashes), time.perf_counter()))
             self._cv.notify_all()
 
     def results(self):
