@@ -5,13 +5,11 @@ example, so later examples load pages earlier ones stored.
 Invariants: the manager's page ownership holds after every call; once every request is
 done the pool's free pages are back to all of them; every finished request's tokens equal
 those of the same request run alone without a store."""
-import numpy as np
-import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, rule,
                                  run_state_machine_as_test)
 
-from engine_helpers import ToyModel
+from engine_helpers import ToyModel, run_alone
 from redis_fixture import redis_server  # noqa: F401  (the fixture)
 from pagedcy.engine import LLMEngine, SamplingParams
 
@@ -22,16 +20,8 @@ _loaded = []       # pages each example loaded from the store
 
 
 def alone(prompt, params):
-    key = (tuple(prompt), params)
-    if key not in _alone:
-        eng = LLMEngine.from_model(MODEL, page_size=4, kv_cache_pages=64)
-        eng.add_request("x", prompt, params)
-        out = None
-        while eng.has_unfinished_requests():
-            for o in eng.step():
-                out = o
-        _alone[key] = out.outputs[0].token_ids
-    return _alone[key]
+    """Token ids of the request run alone without a store (memoised)."""
+    return run_alone(MODEL, prompt, params, _alone)[0]
 
 
 def seed_store(server):
