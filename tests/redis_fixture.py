@@ -4,6 +4,7 @@ the test only when the redis-server binary is missing (.ci/run installs it)."""
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -16,17 +17,22 @@ BINARY = shutil.which("redis-server") or ("/usr/bin/redis-server"
 
 class RedisServer:
     """``start()`` / ``kill()`` / ``restart()`` one redis-server; ``url`` (unix://...),
-    ``client()`` (a redis-py client)."""
+    ``tcp_url`` (redis://127.0.0.1:port/0, the same server), ``client()`` (redis-py)."""
 
     def __init__(self, directory):
         self.dir = directory
         self.sock = os.path.join(directory, "redis.sock")
         self.url = f"unix://{self.sock}"
+        with socket.socket() as s:          # a free loopback port (released for the server)
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.tcp_url = f"redis://127.0.0.1:{self.port}/0"
         self.proc = None
 
     def start(self):
         self.proc = subprocess.Popen(
-            [BINARY, "--port", "0", "--unixsocket", self.sock, "--unixsocketperm", "700",
+            [BINARY, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--unixsocket", self.sock, "--unixsocketperm", "700",
              "--save", "", "--appendonly", "no", "--dir", self.dir],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         c = self.client()

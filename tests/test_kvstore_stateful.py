@@ -50,7 +50,8 @@ class StoreMachine(RuleBasedStateMachine):
         self.live, self.requests, self.finished = set(), {}, {}
         self.n = 0
 
-    @rule(own=st.lists(st.integers(0, 63), max_size=10), shared=st.sampled_from([True, True, False]),
+    @rule(own=st.lists(st.integers(0, 63), max_size=10),
+          shared=st.sampled_from([True, True, False]),
           max_tokens=st.integers(1, 5), seeded=st.booleans())
     def add(self, own, shared, max_tokens, seeded):
         prompt = (PREFIX if shared else []) + own or [1]

@@ -26,13 +26,18 @@ def attach_writes(manager, store):
 class StoreLookups:
     """Lookups of waiting sequences in one :class:`~pagedcy.kvcache.kvstore.KVStore`.
 
-    StoreLookups(store, manager, lookup_timeout=2.0)
+    StoreLookups(store, manager, lookup_timeout=None)
+
+    lookup_timeout: seconds a sequence waits for its answer before it is admitted without
+    (None: 4 replies' timeouts, at least 2 s).
     """
 
-    def __init__(self, store, manager, lookup_timeout=2.0):
+    def __init__(self, store, manager, lookup_timeout=None):
         self.store = store
         self.manager = manager
         self.page_size = manager.block_size()
+        if lookup_timeout is None:
+            lookup_timeout = max(2.0, 4 * (store.conn.timeout or 1.0))
         self.lookup_timeout = lookup_timeout
         self._ids = itertools.count()
         self._pending = {}   # seq -> (token, first block, deadline)

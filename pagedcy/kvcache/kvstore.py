@@ -21,7 +21,7 @@ __all__ = ["KVStore", "StoreCounters", "LookupResult"]
 
 _MAX_SEEN = 1 << 18          # hashes remembered as stored (an LRU)
 _FIRST_BATCH, _MAX_BATCH = 4, 64
-_WRITE_BATCH_BYTES = 8 << 20
+_WRITE_BATCH_BYTES, _WRITE_BATCH_PAGES = 8 << 20, 64     # per pipeline
 
 
 @dataclasses.dataclass
@@ -83,6 +83,7 @@ class KVStore:
         self._lookups = collections.deque()    # (token, hashes)
         self._results = collections.deque()    # LookupResult
         self._seen = collections.OrderedDict()  # hash -> None: in the store, as far as we know
+        self._unsent = set()                   # hashes queued or being written
         self._closed = False
         self._threads = [threading.Thread(target=self._writer, name="pagedcy-kvstore-writer",
                                           daemon=True),
@@ -137,6 +138,7 @@ class KVStore:
                 self.counters.dropped += 1
                 return
             self._remember(page_hash)
+            self._unsent.add(page_hash)
             self._writes.append((page_hash, payload))
             self._pending_bytes += len(payload)
             self._cv.notify_all()
@@ -146,7 +148,8 @@ class KVStore:
             while not self._writes and not self._closed:
                 self._cv.wait()
             batch, size = [], 0
-            while self._writes and size < _WRITE_BATCH_BYTES:
+            while self._writes and size < _WRITE_BATCH_BYTES \
+                    and len(batch) < _WRITE_BATCH_PAGES:
                 item = self._writes.popleft()
                 batch.append(item)
                 size += len(item[1])
@@ -160,7 +163,8 @@ class KVStore:
             batch = self._take_writes()
             if not batch:
                 return
-            items = [(codec.key(h), codec.encode(codec.key(h), p)) for h, p in batch]
+            keys = [codec.key(h) for h, _ in batch]
+            items = [(k, codec.encode(k, p)) for k, (_, p) in zip(keys, batch)]
             try:
                 failed = self.conn.set_many(items)
             except StoreUnavailable:
@@ -168,6 +172,7 @@ class KVStore:
             except Exception:         # never let the thread die: count and go on
                 failed = None
             with self._cv:
+                self._unsent.difference_update(h for h, _ in batch)
                 c = self.counters
                 if failed is None:
                     c.errors += 1
@@ -242,7 +247,8 @@ class KVStore:
             for h, key, v in zip(batch, keys, values):
                 if v is None:
                     with self._cv:
-                        self._seen.pop(h, None)    # evicted: write it again when computed
+                        if h not in self._unsent:   # evicted: write it again when computed
+                            self._seen.pop(h, None)
                     return
                 self._count(bytes_in=len(v))
                 try:
@@ -287,6 +293,7 @@ class KVStore:
         with self._cv:
             self._closed = True
             self._writes.clear()
+            self._unsent.clear()
             self._cv.notify_all()
         for t in self._threads:
             t.join(timeout)

@@ -50,6 +50,8 @@ class RedisPages:
                 retry=Retry(NoBackoff(), 0), health_check_interval=0)
         except (TypeError, ValueError) as e:
             raise ValueError(f"bad kv_store URL: {e}") from None
+        #: seconds a reply may take (the URL's socket_timeout wins over ``timeout``)
+        self.timeout = self.client.connection_pool.connection_kwargs.get("socket_timeout")
         self._lock = threading.Lock()
         self._backoff = backoff
         self._delay = backoff[0]
