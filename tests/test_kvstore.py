@@ -84,7 +84,7 @@ def test_round_trip_over_tcp_in_other_dtypes(redis_server, kv_dtype):
     ref = _run(_engine(kv_dtype=kv_dtype), prompts)
     eng = _engine(redis_server.tcp_url, kv_dtype=kv_dtype)
     assert _run(eng, prompts) == ref
-    eng.kv_store.flush(10)
+    eng.close()                                 # (sends what is queued)
     eng = _engine(redis_server.tcp_url, kv_dtype=kv_dtype)
     assert _run(eng, prompts) == ref
     assert eng.stats().kv_store_pages_loaded == _full_pages(prompts)
@@ -103,6 +103,7 @@ def test_pages_already_stored_are_not_sent_again(redis_server):
     assert st.kv_store_pages_stored == redis_server.client().dbsize()
     # every full page once (the first run's are a prefix of the second's)
     assert st.kv_store_pages_stored == sum((len(p) + 5) // PS for p in prompts)
+    eng.close()
 
 
 # -- two processes -------------------------------------------------------------------------

@@ -77,7 +77,7 @@ class KVStore:
         self.before_fetch = None
         self._max_pending = max_pending_bytes
         self._cv = threading.Condition()
-        self._writes = collections.deque()     # (key, payload bytes)
+        self._writes = collections.deque()     # (hash, payload bytes)
         self._pending_bytes = 0
         self._writing = 0                      # pages taken by the writer, not yet sent
         self._lookups = collections.deque()    # (token, hashes)
