@@ -205,7 +205,7 @@ def test_slow_store_times_out(redis_server):
     prompts = _prompts()
     ref = _run(_engine(), prompts)
     _fill(redis_server.url, prompts)
-    redis_server.client().execute_command("CLIENT", "PAUSE", "3000", "ALL")
+    redis_server.client().execute_command("CLIENT", "PAUSE", "1500", "ALL")
     try:
         eng = _engine(redis_server.url + "?socket_timeout=0.2")
         assert _run(eng, prompts) == ref             # (the pause outlasts the timeouts)
