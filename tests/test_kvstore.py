@@ -345,3 +345,35 @@ def test_cli_and_metrics():
                  'pagedcy_kv_store_load_seconds_count{model_name="m"} 2.0',
                  'pagedcy_kv_store_load_seconds_sum{model_name="m"} 0.5'):
         assert line in text, line
+
+
+def test_two_servers_share_pages_and_export_metrics(redis_server, tmp_path):
+    """``serve --kv-store``: a second server answers a prompt the first one prefilled with
+    the same tokens, loads its pages, and /metrics says so."""
+    import httpx
+    from pagedcy.models import write_random_checkpoint
+    from server_proc import ServerProcess, scrape
+    ckpt = write_random_checkpoint(str(tmp_path / "m"), seed=2)
+    prompt = list(range(3, 60))
+    body = {"model": ckpt, "prompt": prompt, "max_tokens": 6, "temperature": 0}
+
+    def serve_once():
+        srv = ServerProcess(ckpt, "--kv-store", redis_server.url, "--page-size", "8",
+                            "--kv-cache-pages", "64", log_path=str(tmp_path / "log"))
+        try:
+            r = httpx.post(srv.base_url + "/v1/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"], scrape(srv.base_url)
+        finally:
+            assert srv.stop() == 0, srv.log()           # SIGTERM sends the queued pages
+
+    first_text, first = serve_once()
+    second_text, second = serve_once()
+    assert first_text == second_text
+    full = (len(prompt) - 1) // 8
+    assert first["pagedcy_kv_store_pages_loaded_total"] == 0
+    assert second["pagedcy_kv_store_pages_loaded_total"] == full
+    assert second["pagedcy_kv_store_tokens_loaded_total"] == full * 8
+    assert second["pagedcy_prompt_tokens_total"] == len(prompt) - full * 8
+    assert second["pagedcy_kv_store_bytes_in_total"] > 0
+    assert second["pagedcy_kv_store_load_seconds_count"] == 1
