@@ -10,7 +10,7 @@ import pytest
 from hypothesis import settings, strategies as st, HealthCheck
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine_helpers import ToyModel
+from engine_helpers import ToyModel, run_alone
 from pagedcy.engine import LLMEngine, SamplingParams
 
 MODEL = ToyModel(seed=5)
@@ -20,16 +20,7 @@ _alone = {}
 
 def alone(prompt, params):
     """Token ids of each completion of the request run alone (memoised)."""
-    key = (tuple(prompt), params)
-    if key not in _alone:
-        eng = LLMEngine.from_model(MODEL, page_size=4, kv_cache_pages=64)
-        eng.add_request("x", prompt, params)
-        out = None
-        while eng.has_unfinished_requests():
-            for o in eng.step():
-                out = o
-        _alone[key] = [c.token_ids for c in out.outputs]
-    return _alone[key]
+    return run_alone(MODEL, prompt, params, _alone)
 
 
 class EngineMachine(RuleBasedStateMachine):

@@ -28,7 +28,7 @@ class LLMEngine:
     LLMEngine(model_dir, *, kv_cache_pages=None, page_size=16, kv_dtype="float32",
               max_num_seqs=256, max_num_batched_tokens=2048, enable_prefix_cache=True,
               num_threads=None, seed=0, preemption_mode="recompute", swap_pages=0,
-              max_model_len=None, dtype="auto", quantization=None)
+              max_model_len=None, dtype="auto", quantization=None, kv_store=None)
 
     model_dir: a Hugging Face checkpoint directory (``pagedcy.models.load_model``) or a GGUF
     file (``model.gguf``: weights stay in their block formats, memory-mapped; the tokenizer and
@@ -44,8 +44,14 @@ class LLMEngine:
     max_model_len: the longest sequence (prompt + output) a request may ask for, at most
     the model's ``max_position_embeddings`` and the KV pool's tokens (ValueError beyond
     either); None: the smaller of the two (attribute ``max_model_len``).
+    kv_store: a Redis URL (``redis://host:port/db``, ``rediss://``, ``unix://``, with
+    password and query options as ``redis.Redis.from_url`` reads them) of a KV page store
+    shared by engines of the same model: full prompt pages are written there behind the
+    steps and read back at admission past the local prefix cache (needs
+    ``enable_prefix_cache``; a store that is down or slow only means more prefill).
     Attributes: ``tokenizer`` (:class:`~pagedcy.engine.tokenizer.Tokenizer` or None),
-    ``model_config``, ``model_dir``, ``model``, ``manager``, ``scheduler``.
+    ``model_config``, ``model_dir``, ``model``, ``manager``, ``scheduler``, ``kv_store``
+    (:class:`~pagedcy.kvcache.kvstore.KVStore` or None).
 
     FileNotFoundError / ValueError from loading the checkpoint; ValueError / TypeError
     for bad options. Single-threaded: the caller serializes calls.
@@ -54,14 +60,14 @@ class LLMEngine:
     def __init__(self, model_dir, *, kv_cache_pages=None, page_size=16, kv_dtype="float32",
                  max_num_seqs=256, max_num_batched_tokens=2048, enable_prefix_cache=True,
                  num_threads=None, seed=0, preemption_mode="recompute", swap_pages=0,
-                 max_model_len=None, dtype="auto", quantization=None):
+                 max_model_len=None, dtype="auto", quantization=None, kv_store=None):
         if not isinstance(model_dir, (str, os.PathLike)):
             raise TypeError(f"model_dir must be a path, got {type(model_dir).__name__}")
         options = dict(kv_cache_pages=kv_cache_pages, page_size=page_size, kv_dtype=kv_dtype,
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        enable_prefix_cache=enable_prefix_cache, seed=seed,
                        preemption_mode=preemption_mode, swap_pages=swap_pages,
-                       max_model_len=max_model_len)
+                       max_model_len=max_model_len, kv_store=kv_store)
         _check_options(**options)   # before the (slow) load
         from pagedcy.models.loader import is_gguf, load_gguf, load_model
         if is_gguf(model_dir):       # one file: the model, its tokenizer and chat template
@@ -87,7 +93,7 @@ class LLMEngine:
     def _setup(self, model, tokenizer, model_dir, *, kv_cache_pages=None, page_size=16,
                kv_dtype="float32", max_num_seqs=256, max_num_batched_tokens=2048,
                enable_prefix_cache=True, seed=0, preemption_mode="recompute", swap_pages=0,
-               max_model_len=None):
+               max_model_len=None, kv_store=None):
         self.model = model
         self.model_config = model.config
         self.model_dir = model_dir
@@ -101,9 +107,13 @@ class LLMEngine:
                                            swap_pages=swap_pages)
         self.max_model_len = _context_length(max_model_len, self.model_config.max_position_embeddings,
                                              kv_cache_pages * page_size)
+        self.kv_store = None
+        lookups = None
+        if kv_store is not None:
+            self.kv_store, lookups = _open_kv_store(kv_store, model, self.manager)
         self.scheduler = Scheduler(self.manager, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens,
-                                   preemption_mode=preemption_mode)
+                                   preemption_mode=preemption_mode, store_lookups=lookups)
         self._seeds = np.random.SeedSequence(seed)
         self._requests = {}
         self._counters = dict.fromkeys(("prompt_tokens", "generation_tokens", "num_steps"), 0)
@@ -314,7 +324,46 @@ class LLMEngine:
             peak_kv_pages_used=ms.peak_used_blocks, num_steps=c["num_steps"],
             forward_seconds=self._timers["forward"],
             prefill_step_seconds=self._timers["prefill_steps"],
-            decode_step_seconds=self._timers["decode_steps"])
+            decode_step_seconds=self._timers["decode_steps"], **self._store_stats())
+
+    def _store_stats(self):
+        """EngineStats' ``kv_store_*`` fields (zeros without a store)."""
+        if self.kv_store is None:
+            return {}
+        c = self.kv_store.snapshot()
+        ps = self.manager.block_size()
+        return dict(kv_store_pages_hit=c.hit, kv_store_pages_missed=c.missed,
+                    kv_store_pages_loaded=c.loaded, kv_store_pages_stored=c.stored,
+                    kv_store_tokens_hit=c.hit * ps, kv_store_tokens_missed=c.missed * ps,
+                    kv_store_tokens_loaded=c.loaded * ps, kv_store_tokens_stored=c.stored * ps,
+                    kv_store_pages_dropped=c.dropped, kv_store_values_rejected=c.rejected,
+                    kv_store_errors=c.errors, kv_store_bytes_in=c.bytes_in,
+                    kv_store_bytes_out=c.bytes_out, kv_store_lookups=c.lookups,
+                    kv_store_load_seconds=c.load_seconds)
+
+    def close(self):
+        """Send the KV store's queued pages (up to a second) and stop its threads; the
+        engine keeps working without the store. Nothing to do without one."""
+        if self.kv_store is not None:
+            self.kv_store.close()
+
+
+def _open_kv_store(url, model, manager):
+    """``(KVStore, StoreLookups)`` for ``url`` over ``manager``'s pool, keyed by
+    ``model``'s fingerprint; its writes hooked to the prefix cache."""
+    from pagedcy.engine.store_lookups import StoreLookups, attach_writes
+    from pagedcy.kvcache.kvstore import KVStore
+    from pagedcy.kvcache.kvstore_format import PageCodec, model_fingerprint
+    if not manager.prefix_cache_enabled:
+        raise ValueError("kv_store needs enable_prefix_cache=True (pages are keyed by their "
+                         "prefix hashes)")
+    # the kernels' instruction set fixes their summation order, so the K/V's last bits:
+    # pages are shared only between engines that would compute the same ones
+    from pagedcy._libs._threads import simd_path
+    store = KVStore(url, PageCodec(manager.config,
+                                   model_fingerprint(model, {"simd": simd_path()})))
+    attach_writes(manager, store)
+    return store, StoreLookups(store, manager)
 
 
 def _context_length(max_model_len, max_position_embeddings, pool_tokens):
@@ -337,7 +386,16 @@ def _context_length(max_model_len, max_position_embeddings, pool_tokens):
 
 def _check_options(*, kv_cache_pages=None, page_size=16, kv_dtype="float32", max_num_seqs=256,
                    max_num_batched_tokens=2048, enable_prefix_cache=True, seed=0,
-                   preemption_mode="recompute", swap_pages=0, max_model_len=None):
+                   preemption_mode="recompute", swap_pages=0, max_model_len=None,
+                   kv_store=None):
+    if kv_store is not None:
+        if not isinstance(kv_store, str):
+            raise TypeError(f"kv_store must be a URL string, got {type(kv_store).__name__}")
+        if not kv_store.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"kv_store must be a redis://, rediss:// or unix:// URL, got "
+                             f"{kv_store.split(':', 1)[0]!r}")
+        if not enable_prefix_cache:
+            raise ValueError("kv_store needs enable_prefix_cache=True")
     if kv_cache_pages is not None:
         _validate.check_positive(kv_cache_pages, "kv_cache_pages")
     _validate.check_positive(page_size, "page_size")

@@ -64,6 +64,14 @@ class EngineStats:
     num_steps: model forwards run; forward_seconds: time inside them;
     prefill_step_seconds / decode_step_seconds: wall time of whole steps with some
     prefill rows / with decode rows only (totals).
+    kv_store_* (totals, 0 without ``kv_store``): pages_hit / tokens_hit: found valid in
+    the store by lookups; pages_missed / tokens_missed: looked up and not served (absent,
+    evicted, rejected, or the store failing); pages_loaded / tokens_loaded: copied into
+    the pool instead of prefilled; pages_stored / tokens_stored: written to the store;
+    pages_dropped: not sent (store backing off, write queue full); values_rejected:
+    values that failed validation (corrupt, truncated, another model's); errors: failed
+    store calls and refused writes; bytes_in / bytes_out: value bytes read / written;
+    lookups and load_seconds: lookups answered and their total latency.
     """
 
     num_running: int
@@ -82,3 +90,18 @@ class EngineStats:
     forward_seconds: float = 0.0
     prefill_step_seconds: float = 0.0
     decode_step_seconds: float = 0.0
+    kv_store_pages_hit: int = 0
+    kv_store_pages_missed: int = 0
+    kv_store_pages_loaded: int = 0
+    kv_store_pages_stored: int = 0
+    kv_store_tokens_hit: int = 0
+    kv_store_tokens_missed: int = 0
+    kv_store_tokens_loaded: int = 0
+    kv_store_tokens_stored: int = 0
+    kv_store_pages_dropped: int = 0
+    kv_store_values_rejected: int = 0
+    kv_store_errors: int = 0
+    kv_store_bytes_in: int = 0
+    kv_store_bytes_out: int = 0
+    kv_store_lookups: int = 0
+    kv_store_load_seconds: float = 0.0

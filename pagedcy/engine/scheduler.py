@@ -60,13 +60,17 @@ class ScheduledBatch:
 class Scheduler:
     """Queues of sequences over one :class:`PagedKVCacheManager`.
 
-    Scheduler(manager, *, max_num_seqs, max_num_batched_tokens, preemption_mode):
+    Scheduler(manager, *, max_num_seqs, max_num_batched_tokens, preemption_mode,
+              store_lookups=None):
     ``preemption_mode`` "recompute" or "swap" (swap falls back to recompute when the
-    swap pool is full or absent).
+    swap pool is full or absent). ``store_lookups``: a
+    :class:`~pagedcy.engine.store_lookups.StoreLookups` (the KV page store) or None.
     """
 
-    def __init__(self, manager, *, max_num_seqs, max_num_batched_tokens, preemption_mode):
+    def __init__(self, manager, *, max_num_seqs, max_num_batched_tokens, preemption_mode,
+                 store_lookups=None):
         self.manager = manager
+        self.lookups = store_lookups
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.preemption_mode = preemption_mode
@@ -103,6 +107,8 @@ class Scheduler:
         if seq.handle is not None:
             self.manager.deallocate(seq.handle)
             seq.handle = None
+        if self.lookups is not None:
+            self.lookups.forget(seq)
         if seq.status == SeqStatus.WAITING:
             self.waiting.remove(seq)
         elif seq.status == SeqStatus.SWAPPED:
@@ -181,6 +187,8 @@ class Scheduler:
         q_lens (``manager.extend``), so ``prepare_step`` can run next."""
         mgr = self.manager
         budget = self.max_num_batched_tokens
+        if self.lookups is not None:
+            self.lookups.poll()
         scheduled = []
         preempted = False
         free = mgr.free_blocks()
@@ -214,6 +222,11 @@ class Scheduler:
             budget = self._resume_swapped(scheduled, budget, cow)
             if not self.swapped:
                 self._admit_waiting(scheduled, budget, cow)
+                if not scheduled and self.lookups is not None and self.lookups.has_pending():
+                    # nothing else to run: wait a little for the store instead of spinning
+                    self.lookups.wait(0.05)
+                    self.lookups.poll()
+                    self._admit_waiting(scheduled, budget, cow)
         return ScheduledBatch(scheduled)
 
     def _resume_swapped(self, scheduled, budget, cow):
@@ -239,8 +252,14 @@ class Scheduler:
     def _admit_waiting(self, scheduled, budget, cow):
         mgr = self.manager
         ps = self.page_size
-        while self.waiting and budget > 0:
-            seq = self.waiting[0]
+        lookups = self.lookups
+        waiting = self.waiting
+        i = 0
+        while i < len(waiting) and budget > 0:
+            seq = waiting[i]
+            if lookups is not None and lookups.blocks(seq):
+                i += 1          # its KV store lookup is in flight: the next one may go
+                continue
             # completion 0 of a request with n > 1 brings its siblings at its first token
             seats = 1 + sum(1 for s in seq.request.seqs if s.status == SeqStatus.FORK_PENDING)
             if len(self.running) + seats > self.max_num_seqs:
@@ -255,8 +274,10 @@ class Scheduler:
                     < self.watermark:
                 break
             h = mgr.allocate(req)
-            self.waiting.popleft()
+            del waiting[i]
             cached = h.num_cached_tokens()
+            if lookups is not None:
+                cached += lookups.load(seq, h)
             h.set_num_tokens(cached)
             seq.handle = h
             seq.num_computed = cached

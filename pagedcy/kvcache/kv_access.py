@@ -139,6 +139,32 @@ class KVAccess:
                 if h._progress is not None:
                     self._written(h, (layer,), p, p + 1)
 
+    def load_pages(self, handle, first_block, payloads):
+        """:meth:`PagedKVCacheManager.load_pages`."""
+        first = _validate.check_count(first_block, "first_block")
+        nbytes = self.config.bytes_per_page()
+        data = [np.frombuffer(p, dtype=np.uint8) for p in payloads]
+        for d in data:
+            if d.shape[0] != nbytes:
+                raise ValueError(f"a page has {nbytes} bytes, got {d.shape[0]}")
+        with self._p.lock:
+            h = self._p.handles.resident(handle)
+            pages = h._blocks[first:first + len(data)]
+            if len(pages) != len(data):
+                raise ValueError(f"blocks {first}..{first + len(data) - 1} are past the "
+                                 f"{len(h._blocks)} blocks of {h.request_id!r}")
+            pool = self._p.store.pool
+            for p in pages:
+                if pool.ref_count(p) != 1 or p in self._p.prefix:
+                    raise ValueError(f"page {p} is shared or cached: only a sequence's own "
+                                     f"fresh pages can be loaded")
+            for p, d in zip(pages, data):
+                pool.page_data_mut(p).view(np.uint8)[:] = d
+            if data:
+                ps = self.page_size
+                self._written(h, range(self.config.num_layers), first * ps,
+                              (first + len(data)) * ps)
+
     def read_kv(self, handle, layer, start, n, *, float32=True):
         """:meth:`PagedKVCacheManager.read_kv`."""
         cfg = self.config

@@ -191,6 +191,24 @@ class PagedKVCacheManager:
         with self._lock:
             return self._prefix.page_hashes()
 
+    def match_prefix(self, tokens):
+        """``(hashes, n)``: the chained hashes of the full pages of ``tokens`` (1-D int)
+        and how many leading ones the prefix cache holds now (at most ``(len - 1) //
+        page_size``), counting nothing. ``([], 0)`` with the prefix cache off."""
+        with self._lock:
+            return self._prefix.leading(tokens)
+
+    def set_page_listener(self, fn):
+        """Call ``fn(hash, page)`` (under the manager lock, so quickly) whenever a full
+        prompt page enters the prefix cache: every layer of it is written and it is
+        immutable until evicted (writes to it copy first). ``None`` removes it."""
+        self._prefix.listener = fn
+
+    def page_bytes(self, page):
+        """A copy of one page's raw bytes (every layer's K and V, as the pool holds them)."""
+        with self._lock:
+            return self._pool.page_data(page).view(np.uint8).tobytes()
+
     def evictable_pages(self):
         """Evictable pages, the next to be evicted first (a list copy)."""
         with self._lock:
@@ -287,6 +305,14 @@ class PagedKVCacheManager:
         :meth:`write_kv`. IndexError for a position past a handle's blocks; nothing
         changes if any check fails."""
         return self._kv.write_kv_batch(handles, layer, positions, keys, values)
+
+    def load_pages(self, handle, first_block, payloads):
+        """Fill blocks ``first_block ..`` of ``handle`` with ``payloads`` (one page's raw
+        bytes each, as :meth:`page_bytes` gives them) and count their tokens as written in
+        every layer, so full prompt pages enter the prefix cache. The blocks must be the
+        handle's own fresh pages (not shared, not cached). All or nothing: ValueError for
+        a payload of the wrong size, blocks past the handle's or a shared/cached page."""
+        return self._kv.load_pages(handle, first_block, payloads)
 
     def read_kv(self, handle, layer, start, n, *, float32=True):
         """Read ``n`` tokens from ``start`` of ``layer``: ``(keys, values)`` each

@@ -15,12 +15,13 @@ _ROOT = b"pagedcy-root"
 
 def block_hash(parent, tokens, salt=None):
     """16-byte hash of one page: ``parent`` (the previous page's hash, or the root),
-    the optional ``salt`` and the page's int64 ``tokens``."""
+    the optional ``salt`` and the page's ``tokens`` as little-endian int64. No per-process
+    seed: the same in every process and on every machine (the KV store's keys)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(parent)
     if salt:
         h.update(b"salt:" + salt)
-    h.update(tokens.tobytes())
+    h.update(np.asarray(tokens).astype("<i8", copy=False).tobytes())
     return h.digest()
 
 
@@ -74,6 +75,7 @@ class PrefixCache:
         self._hash_to_page = {}
         self._page_hash = {}
         self._mask = np.zeros(max_pages, dtype=bool)   # page -> cached, for batched lookups
+        self.listener = None     # fn(hash, page) on each registration (the KV store's writes)
 
     # -- lookup ------------------------------------------------------------------------
     def prompt_hashes(self, prompt, salt=None):
@@ -98,6 +100,14 @@ class PrefixCache:
                 break
             pages.append(p)
         return pages
+
+    def leading(self, prompt, salt=None):
+        """``(hashes, n)``: the prompt's page hashes and how many of them :meth:`match`
+        finds cached, counting nothing (the KV store asks what follows them)."""
+        if not self.enabled or prompt is None or not len(prompt):
+            return [], 0
+        hashes = self.prompt_hashes(prompt, salt)
+        return hashes, len(self.match(hashes, len(prompt)))
 
     def lookup(self, prompt, salt):
         """``(hashes, matched_pages)`` for a prompt (both empty when disabled or no prompt)."""
@@ -145,6 +155,8 @@ class PrefixCache:
                 self._hash_to_page[hsh] = page
                 self._page_hash[page] = hsh
                 self._mask[page] = True
+                if self.listener is not None:
+                    self.listener(hsh, page)
         progress.registered = max(progress.registered, done)
         return progress.registered >= len(progress.hashes)
 

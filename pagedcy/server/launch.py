@@ -38,6 +38,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + output (default: the model's context or the KV pool's "
                         "tokens, the smaller)")
+    p.add_argument("--kv-store", default=None, metavar="URL",
+                   help="Redis URL of a KV page store shared by servers of the same model "
+                        "(redis://host:port/db, rediss://, unix:///path.sock)")
 
 
 def add_weight_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,7 +60,7 @@ def engine_kwargs(args) -> dict:
                 enable_prefix_cache=not args.no_prefix_cache, num_threads=args.num_threads,
                 seed=args.seed, preemption_mode=args.preemption_mode, swap_pages=args.swap_pages,
                 max_model_len=args.max_model_len, dtype=args.dtype,
-                quantization=args.quantization)
+                quantization=args.quantization, kv_store=args.kv_store)
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -186,6 +189,7 @@ def serve(args) -> int:
         server.run()
     finally:
         async_engine.shutdown()
+        engine.close()          # sends the KV store's queued pages
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0 if server.started else 1
