@@ -20,12 +20,15 @@ def test_model_example_runs(tmp_path):
     pytest.importorskip("safetensors")
     pytest.importorskip("tokenizers")
     from pagedcy.models import write_random_checkpoint
+    pytest.importorskip("gguf")
+    from pagedcy.tools.gguf_fixture import write_gguf
     path = write_random_checkpoint(tmp_path / "ckpt", seed=3)
+    gguf = write_gguf(path, str(tmp_path / "model-q8_0.gguf"), tensor_type="Q8_0")
     code = _block("LLM(")
+    name = re.search(r'LLM\("([^"]+\.gguf)"\)', code).group(1)   # the example's GGUF file
     assert '"path/to/checkpoint"' in code
     namespace = {}
-    exec(compile(code.replace('"path/to/checkpoint"', repr(str(path))), "README.md", "exec"),
-         namespace)
+    exec(compile(code.replace(f'"{name}"', repr(gguf)), "README.md", "exec"), namespace)
     outputs = namespace["outputs"]
     assert [o.prompt for o in outputs] == ["Hello, my name is", "The capital of France is"]
     for o in outputs:
