@@ -54,6 +54,8 @@ def simd_level() -> int: ...
 
 _TUNE_FLAGS: dict[str, int]
 
+def _vnni_paths() -> set[str]: ...
+
 def _batch_paged_attention_tuned(
     query: npt.ArrayLike,
     qo_indptr: npt.ArrayLike,

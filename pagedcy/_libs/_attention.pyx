@@ -404,6 +404,29 @@ cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale,
     return o
 
 
+cdef extern from *:
+    """
+    static int pagedcy_attn_vnni_paths(void) {
+        int r = 0;
+    #if PAGEDCY_ATTN_HAVE_AVX2 && defined(PAGEDCY_ATTN_HAVE_AVXVNNI)
+        r |= pa_cpu_has_avxvnni() ? 1 : 0;
+    #endif
+    #if PAGEDCY_ATTN_HAVE_AVX512 && defined(PAGEDCY_ATTN_HAVE_AVX512VNNI)
+        r |= pa_cpu_has_avx512vnni() ? 2 : 0;
+    #endif
+        return r;
+    }
+    """
+    int pagedcy_attn_vnni_paths() noexcept nogil
+
+
+def _vnni_paths():
+    """Private (tests, bench): the VNNI dot-product kernels the int8 ``quantize_query``
+    path can use here: a set of "avx_vnni" and "avx512_vnni" (CPU and build)."""
+    cdef int r = pagedcy_attn_vnni_paths()
+    return {n for bit, n in ((1, "avx_vnni"), (2, "avx512_vnni")) if r & bit}
+
+
 def simd_enabled():
     """True when SIMD kernels (AVX2/FMA/F16C or AVX-512) are in use: the CPU
     supports them and neither PAGEDCY_FORCE_SCALAR nor PAGEDCY_SIMD=scalar is set."""
