@@ -197,8 +197,9 @@ def case_inputs(batch, kv_len, dtype, q_len, seed, layout="HND"):
 
 
 def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_simd=2,
-               layout="HND"):
-    """One table row of pagedcy on a case, with the closure that runs it."""
+               layout="HND", quantize_query=False):
+    """One table row of pagedcy on a case, with the closure that runs it (``quantize_query``:
+    int8 pages scored with integer dot products, see ``batch_paged_attention``)."""
     q, indptr, pages, bt, lens = case_inputs(batch, kv_len, dtype, q_len, seed, layout)
     out = np.empty_like(q)
     causal = kind == "prefill"
@@ -208,7 +209,8 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_sim
 
     def ours():
         _batch_paged_attention_tuned(q, indptr, pages, 0, bt, lens, out=out, causal=causal,
-                                     num_threads=threads, max_simd=max_simd, repeat=reps)
+                                     num_threads=threads, max_simd=max_simd, repeat=reps,
+                                     quantize_query=quantize_query)
     ours()                                # warm-up: page faults, thread start
     row = {"case": name, "threads": threads, "simd": min(max_simd, simd_level()),
            "in_cache": "[in cache" in name, "dtype": dtype, "numpy": None, "torch": None, "reps": reps,
@@ -383,7 +385,7 @@ def format_table(rows, bw, bw_start=None, walk=None, fma=None):
         names = {0: "scalar", 1: "AVX2", 2: "AVX-512"}
         lines.append("roof: a = arithmetic (fma_rate: lane-FMAs/s of 12 FMA chains, times the K/V bytes "
                      f"one lane-FMA consumes: dtype bytes / {H // HKV} query heads per KV head), "
-                     "w = page-walk read rate; FMA rates "
+                     "w = page-walk read rate; i8q: int8 K/V with quantize_query=True; FMA rates "
                      + ", ".join(f"{names.get(s, s)} {k} thr {v / 1e9:.1f} G/s" for (k, s), v in sorted(fma.items())))
     return "\n".join(lines)
 
@@ -442,10 +444,12 @@ def main(argv=None):
         (prefill, "prefill", 1, pre_l, "float32", 1, pre_l, 2),
         (prefill, "prefill", 1, pre_l, "float32", nt, pre_l, 2),
         (f"{dec} int8", "decode", dec_b, dec_l, "int8", nt, 1, 2),
+        (f"{dec} i8q", "decode", dec_b, dec_l, "int8", nt, 1, 2, "HND", True),
         # the same kernel with K/V resident in the last-level cache: its compute limit
         ("decode 4x256 fp32 [in cache]", "decode", 4, 256, "float32", nt, 1, 2),
         ("decode 4x256 fp16 [in cache]", "decode", 4, 256, "float16", nt, 1, 2),
         ("decode 4x256 int8 [in cache]", "decode", 4, 256, "int8", nt, 1, 2),
+        ("decode 4x256 i8q [in cache]", "decode", 4, 256, "int8", nt, 1, 2, "HND", True),
     ]
     if nt == 1:
         specs = [s for i, s in enumerate(specs) if i not in (1, 5)]
@@ -454,10 +458,13 @@ def main(argv=None):
         specs += [(f"{dec} fp32 [AVX2 kernels]", "decode", dec_b, dec_l, "float32", nt, 1, 1),
                   (f"{dec} fp16 [AVX2 kernels]", "decode", dec_b, dec_l, "float16", nt, 1, 1),
                   (f"{dec} bf16 [AVX2 kernels]", "decode", dec_b, dec_l, "bfloat16", nt, 1, 1),
-                  (f"{dec} int8 [AVX2 kernels]", "decode", dec_b, dec_l, "int8", nt, 1, 1)]
+                  (f"{dec} int8 [AVX2 kernels]", "decode", dec_b, dec_l, "int8", nt, 1, 1),
+                  (f"{dec} i8q [AVX2 kernels]", "decode", dec_b, dec_l, "int8", nt, 1, 1, "HND", True)]
         specs += [(f"decode 4x256 {n} [in cache, AVX2]", "decode", 4, 256, dt, th, 1, 1)
                   for n, dt in (("fp32", "float32"), ("fp16", "float16"), ("bf16", "bfloat16"),
                                 ("int8", "int8")) for th in sorted({nt, 1}, reverse=True)]
+        specs += [("decode 4x256 i8q [in cache, AVX2]", "decode", 4, 256, "int8", th, 1, 1, "HND", True)
+                  for th in sorted({nt, 1}, reverse=True)]
     # token-major pages (a C-order array; the store's pages are head-major): what the
     # layout is worth, in the same run
     specs += [(f"{dec} fp32 [NHD pages]", "decode", dec_b, dec_l, "float32", th, 1, 2, "NHD")
@@ -477,11 +484,12 @@ def main(argv=None):
         progress.update()
         seeds = {}
         rows = []
-        for name, kind, b, l, dt, th, ql, ms, *lay in specs:
+        for name, kind, b, l, dt, th, ql, ms, *extra in specs:
             progress.status(f"{name}: inputs")
             rows.append(bench_case(name, kind, b, l, dt, th,
                                    seeds.setdefault((b, l, ql), 1000 + len(seeds)),
-                                   q_len=ql, max_simd=ms, layout=lay[0] if lay else "HND"))
+                                   q_len=ql, max_simd=ms, layout=extra[0] if extra else "HND",
+                                   quantize_query=len(extra) > 1 and extra[1]))
             progress.update()
     bw_start = dict(bw)
     with Progress(secs, "timing", unit="s") as progress:
@@ -512,10 +520,13 @@ def main(argv=None):
         if a32 and a16:
             line += f"; with the AVX2 kernels: {a32['ms'] / a16['ms']:.2f}x"
         print(line)
-    i8 = by.get((f"{dec} int8", nt))
-    if i8 and d32 and f16:
-        print(f"int8 decode speed-up ({nt} threads): {d32['ms'] / i8['ms']:.2f}x over fp32, "
-              f"{f16['ms'] / i8['ms']:.2f}x over fp16")
+    # i8q: int8 K/V scored with integer dot products on int8 queries (quantize_query=True)
+    for i8n, avx2 in (("int8", ""), ("i8q", ""), ("int8", " [AVX2 kernels]"), ("i8q", " [AVX2 kernels]")):
+        i8 = by.get((f"{dec} {i8n}{avx2}", nt))
+        a32, a16 = (by.get((f"{dec} {d}{avx2}", nt)) for d in ("fp32", "fp16"))
+        if i8 and a32 and a16:
+            print(f"{i8n} decode speed-up{avx2} ({nt} threads): "
+                  f"{a32['ms'] / i8['ms']:.2f}x over fp32, {a16['ms'] / i8['ms']:.2f}x over fp16")
     p1, p2 = by.get((prefill, 1)), by.get((prefill, nt))
     if p1 and p2 and nt > 1:
         print(f"prefill scaling 1 -> {nt} threads: {p1['ms'] / p2['ms']:.2f}x")
