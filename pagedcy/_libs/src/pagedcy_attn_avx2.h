@@ -361,7 +361,14 @@ PA_AVX2 static void pa_qk4_i8_sgn_avx2(const int8_t *q8, const float *qs, const 
 #if defined(__GNUC__) && (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 12))
 #define PAGEDCY_ATTN_HAVE_AVXVNNI 1
 #define PA_I8_XOR80(x) _mm256_xor_si256((x), _mm256_set1_epi8((char)0x80))
-#define PA_I8_DOT_VNNI(acc, ku, k, q) _mm256_dpbusd_avx_epi32((acc), (ku), (q))
+/* vpdpbusd through asm: GCC 12 wraps the intrinsic's tied accumulator in a
+ * register copy per use (8 vmovdqa per 8 dot products in this loop). */
+__attribute__((target("avx2,fma,f16c,avxvnni"), always_inline))
+static inline __m256i pa_dpbusd_avx(__m256i acc, __m256i u, __m256i s) {
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "xm"(s));
+    return acc;
+}
+#define PA_I8_DOT_VNNI(acc, ku, k, q) pa_dpbusd_avx((acc), (ku), (q))
 __attribute__((target("avx2,fma,f16c,avxvnni")))
 static void pa_qk4_i8_vnni_avx2(const int8_t *q8, const float *qs, const int32_t *qsum, int D,
                                 const char *const *K, int npg, int64_t rs, int v0, int v1, float *S,
