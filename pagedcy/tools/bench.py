@@ -222,13 +222,15 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_sim
     return row
 
 
-def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=None, walk=None):
+def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=None, walk=None,
+                     fma=None):
     """Run every row's case once per round, round after round (at least `repeats`
     rounds and `min_seconds`), and keep each case's best time: a noisy
     neighbour then hits all cases alike instead of whichever ran during it.
     With `bw` ({threads: GB/s}), each round also measures the read bandwidth
     and `bw` keeps the best, so the yardstick gets the same treatment; `walk`
-    likewise for ``page_read_bandwidth`` over the same buffer.
+    likewise for ``page_read_bandwidth`` over the same buffer, and `fma`
+    ({(threads, simd): lane-FMAs/s}) for ``fma_rate``.
     `progress` (a Progress over `min_seconds`) follows the elapsed time."""
     start = time.perf_counter()
     t_end = start + min_seconds
@@ -246,6 +248,8 @@ def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=
             bw[k] = max(bw[k], read_bandwidth(num_threads=k, repeats=1, buffer=bw_buf))
         for k in (walk or {}):
             walk[k] = max(walk[k], page_read_bandwidth(num_threads=k, repeats=1, buffer=bw_buf))
+        for th, lvl in (fma or {}):
+            fma[th, lvl] = max(fma[th, lvl], fma_rate(th, lvl, repeats=1))
     return rounds
 
 
@@ -383,7 +387,7 @@ def format_table(rows, bw, bw_start=None, walk=None, fma=None):
                      + " of the read bandwidth")
     if fma:
         names = {0: "scalar", 1: "AVX2", 2: "AVX-512"}
-        lines.append("roof: a = arithmetic (fma_rate: lane-FMAs/s of 12 FMA chains, times the K/V bytes "
+        lines.append("roof: a = arithmetic (fma_rate, best of the start and every round: lane-FMAs/s of 12 FMA chains, times the K/V bytes "
                      f"one lane-FMA consumes: dtype bytes / {H // HKV} query heads per KV head), "
                      "w = page-walk read rate; i8q: int8 K/V with quantize_query=True; FMA rates "
                      + ", ".join(f"{names.get(s, s)} {k} thr {v / 1e9:.1f} G/s" for (k, s), v in sorted(fma.items())))
@@ -493,7 +497,7 @@ def main(argv=None):
             progress.update()
     bw_start = dict(bw)
     with Progress(secs, "timing", unit="s") as progress:
-        rounds = time_interleaved(rows, rep, secs, bw, bw_buf, progress, walk)
+        rounds = time_interleaved(rows, rep, secs, bw, bw_buf, progress, walk, fma)
     del bw_buf
     for row in rows:
         finish_row(row, bw, walk, fma)
