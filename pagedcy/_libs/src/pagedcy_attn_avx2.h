@@ -299,7 +299,13 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
  *     int16) on |k| against sign(q8, k) = q8 * sign(k): |k| <= 128 and
  *     |q8| <= 127, so a pair is at most 32512 and never saturates (k = -128
  *     included: the sign goes to q, not k); vpmaddwd by ones widens to int32.
- * pf: npg prefetch cursors (or NULL), stepped evenly over the pairs. */
+ * pf: npg prefetch cursors (or NULL), stepped evenly over the pairs.
+ * Measured (Intel Xeon with AVX-512, shared 2-vCPU VM, 1 thread, CPU time,
+ * H 32 / Hkv 8 / D 128, against fp16 in the same run): 32 x 2048 from DRAM
+ * 1.88x fp16 on the AVX2 kernels (float int8 path 1.52x), 1.66x on AVX-512
+ * (1.31x); with K/V in L2 (1 x 256) 1.14x (AVX-VNNI), 0.99x (vpmaddubsw)
+ * and 1.29x (AVX512-VNNI). In L2 the float P.V is what is left: 64 FMAs and
+ * 16 int8 -> float conversions per token and KV head, as for fp16. */
 /* pa_hsum8 on int32 accumulators (exact; one conversion to float after). */
 PA_AVX2_INLINE __m256i pa_hsum8_epi32(__m256i a, __m256i b, __m256i c, __m256i d,
                                       __m256i e, __m256i f, __m256i g, __m256i h) {
