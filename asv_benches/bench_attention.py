@@ -80,23 +80,25 @@ class Decode:
 
 class DecodeSimdLevel:
     """Headline decode (32 x 2048, 2 threads) per kernel instruction set
-    (1 AVX2, 2 AVX-512; a level the CPU lacks is skipped)."""
-    params = ([1, 2], ["float32", "float16", "bfloat16", "int8"])
+    (1 AVX2, 2 AVX-512; a level the CPU lacks is skipped); "int8-q": int8 K/V
+    with ``quantize_query=True`` (integer q.k)."""
+    params = ([1, 2], ["float32", "float16", "bfloat16", "int8", "int8-q"])
     param_names = ["simd", "dtype"]
     timeout = 300
 
     def setup(self, simd, dtype):
         if simd > simd_level():
             raise NotImplementedError(f"this CPU (or PAGEDCY_SIMD) stops at level {simd_level()}")
-        self.args = _make(32, 2048, 1, dtype, 16)
+        self.args = _make(32, 2048, 1, dtype.removesuffix("-q"), 16)
         self.out = np.empty_like(self.args[0])
         self.simd = simd
+        self.qq = dtype.endswith("-q")
         self.run()
 
     def run(self):
         q, ind, pages, bt, lens = self.args
         _batch_paged_attention_tuned(q, ind, pages, 0, bt, lens, out=self.out, num_threads=2,
-                                     max_simd=self.simd)
+                                     max_simd=self.simd, quantize_query=self.qq)
 
     def time_decode(self, simd, dtype):
         self.run()

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pagedcy._libs._attention import (_TUNE_FLAGS, batch_paged_attention, merge_states,
                                       simd_enabled, simd_level)
 from pagedcy._libs._attention import _batch_paged_attention_tuned as tuned_attention
-from pagedcy._libs._bandwidth import _page_walk_sum, page_read_bandwidth, read_bandwidth
+from pagedcy._libs._bandwidth import _page_walk_sum, fma_rate, page_read_bandwidth, read_bandwidth
 
 sys.path.insert(0, os.path.dirname(__file__))
 from attn_helpers import make_batch, reference  # noqa: E402
@@ -382,6 +382,21 @@ def test_read_bandwidth():
         read_bandwidth(buffer=ones[:100])
     with pytest.raises(ValueError):                    # the checksum sees a buffer not all ones
         read_bandwidth(buffer=np.zeros(4096, np.float32))
+
+
+@pytest.mark.parametrize("simd", [0, 1, 2])
+def test_fma_rate(simd):
+    # the probe checks its own chains' checksum (a dropped FMA raises); here only the API
+    r = fma_rate(1, simd, repeats=1, rounds=20000)
+    assert np.isfinite(r) and r > 0
+    with pytest.raises(ValueError):
+        fma_rate(1, 3)
+    with pytest.raises(ValueError):
+        fma_rate(1, -1)
+    with pytest.raises(ValueError):
+        fma_rate(1, 1, repeats=0)
+    with pytest.raises(TypeError):
+        fma_rate(1, 1.5)
 
 
 def _walk_reference(x, page_bytes, streams, row_bytes, seed):

@@ -156,3 +156,92 @@ def test_manager_fork_cow_swap_and_prefix_cache_on_int8():
     ref, _ = reference(q, np.array([0, 1]), K, V)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
     m.check_invariants()
+
+
+# ---- quantize_query: integer q.k on int8-quantized queries --------------------------------
+from pagedcy._libs._attention import _vnni_paths  # noqa: E402
+from attn_helpers import make_batch  # noqa: E402
+
+# (max_simd, tuning flags, VNNI kernel it needs): every dot-product kernel of the path
+QK8_PATHS = {
+    "scalar": (0, 0, None),
+    "avx2_maddubs": (1, "no_vnni", None),
+    "avx_vnni": (1, 0, "avx_vnni"),
+    "avx512_no_vnni": (2, "no_vnni", None),
+    "avx512_vnni": (2, 0, "avx512_vnni"),
+}
+
+
+def _qk8_bound(q, indptr, Ks, Vs, scale):
+    """Per (query row, head): E, the documented bound on a score's error (max over the
+    sequence's keys of max|q*scale| / 254 * sum_d |k[t][d]|), and the output bound
+    (exp(2E) - 1) * max_t |v[t][d]| per element."""
+    total_q, H, D = q.shape
+    E = np.zeros((total_q, H))
+    out_b = np.zeros((total_q, H, D))
+    for b in range(len(Ks)):
+        K, V = Ks[b], Vs[b]
+        G = H // K.shape[1]
+        for h in range(H):
+            g = h // G
+            qs = np.abs(q[indptr[b]:indptr[b + 1], h].astype(np.float32) * np.float32(scale)).max(axis=1)
+            e = qs.astype(np.float64) / 254 * np.abs(K[:, g]).sum(axis=1).max()
+            E[indptr[b]:indptr[b + 1], h] = e
+            out_b[indptr[b]:indptr[b + 1], h] = np.expm1(2 * e)[:, None] * np.abs(V[:, g]).max(axis=0)
+    return E, out_b
+
+
+@pytest.mark.parametrize("path", sorted(QK8_PATHS))
+@pytest.mark.parametrize("seed", range(4))
+def test_quantized_query_within_the_documented_bound(path, seed):
+    level, flags, needs = QK8_PATHS[path]
+    if level > simd_level():
+        pytest.skip(f"{path}: the CPU's SIMD level is {simd_level()}")
+    if needs and needs not in _vnni_paths():
+        pytest.skip(f"{path}: this CPU (or build) has no {needs}")
+    rng = np.random.default_rng(seed)
+    D = (32, 64, 128, 256)[seed]
+    Hkv = int(rng.integers(1, 4))
+    G = int(rng.choice([1, 4, 8]))
+    B = int(rng.integers(1, 4))
+    q_lens = [int(x) for x in rng.integers(1, 3, B)]
+    kv_lens = [int(max(ql, x)) for ql, x in zip(q_lens, rng.integers(1, 150, B))]
+    q, ind, pages, bt, lens, Ks, Vs = make_batch(
+        rng, q_lens=q_lens, kv_lens=kv_lens, num_heads=G * Hkv, num_kv_heads=Hkv, head_dim=D,
+        page_size=int(rng.choice([8, 16])), dtype="int8")
+    q *= rng.uniform(0.5, 3)                       # scores far from 0: softmax is not flat
+    scale = 1 / np.sqrt(D)
+    ref, ref_lse = reference(q, ind, Ks, Vs)
+    got, lse = tuned_attention(q, ind, pages, 1, bt, lens, max_simd=level, flags=flags,
+                               quantize_query=True, return_lse=True, num_threads=2)
+    plain = tuned_attention(q, ind, pages, 1, bt, lens, max_simd=level, flags=flags)
+    E, out_b = _qk8_bound(q, ind, Ks, Vs, scale)
+    tol = 2e-5                                    # float32 rounding of the rest of the kernel
+    assert np.all(np.abs(lse - ref_lse) <= E * (1 + 1e-3) + tol * np.maximum(1, np.abs(ref_lse)))
+    assert np.all(np.abs(got - ref) <= out_b * (1 + 1e-3) + tol)
+    # the option took effect: the rounding of q shows against the float path
+    assert not np.array_equal(got, plain)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_quantized_query_agrees_across_kernels_and_leaves_float_pages_alone(level):
+    # Every kernel rounds q the same way, so they agree to float32 rounding; on float pages
+    # (and prefill blocks of 32+ query vectors per KV head) the option changes nothing.
+    rng = np.random.default_rng(7 + level)
+    q, ind, pages, bt, lens, Ks, Vs = make_batch(
+        rng, q_lens=[1, 2, 40], kv_lens=[300, 77, 90], num_heads=8, num_kv_heads=2, head_dim=128,
+        page_size=16, dtype="int8")
+    ref = tuned_attention(q, ind, pages, 1, bt, lens, max_simd=0, quantize_query=True)
+    for flags in (0, "no_vnni"):
+        got = tuned_attention(q, ind, pages, 1, bt, lens, max_simd=level, flags=flags,
+                              quantize_query=True, num_threads=2)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=2e-6)
+    # the 40-row prefill sequence runs packed (float32 scores) either way
+    plain = tuned_attention(q, ind, pages, 1, bt, lens, max_simd=level)
+    np.testing.assert_allclose(ref[3:], plain[3:], rtol=1e-5, atol=2e-6)
+    qf, indf, pf, btf, lensf, _, _ = make_batch(
+        rng, q_lens=[1, 3], kv_lens=[50, 20], num_heads=4, num_kv_heads=2, head_dim=64,
+        page_size=16, dtype="float16")
+    a = tuned_attention(qf, indf, pf, 1, btf, lensf, max_simd=level, quantize_query=True)
+    b = tuned_attention(qf, indf, pf, 1, btf, lensf, max_simd=level)
+    np.testing.assert_array_equal(a, b)

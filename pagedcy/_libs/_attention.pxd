@@ -25,4 +25,5 @@ cdef extern from "pagedcy_attention.h":
         float *lse
         int32_t use_simd
         int32_t flags
+        int32_t qk_i8
 

@@ -20,6 +20,7 @@ def batch_paged_attention(
     out: np.ndarray | None = ...,
     return_lse: Literal[False] = ...,
     num_threads: int | None = ...,
+    quantize_query: bool = ...,
 ) -> np.ndarray: ...
 @overload
 def batch_paged_attention(
@@ -38,6 +39,7 @@ def batch_paged_attention(
     out: np.ndarray | None = ...,
     return_lse: Literal[True],
     num_threads: int | None = ...,
+    quantize_query: bool = ...,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 @overload
 def merge_states(
@@ -51,6 +53,8 @@ def simd_enabled() -> bool: ...
 def simd_level() -> int: ...
 
 _TUNE_FLAGS: dict[str, int]
+
+def _vnni_paths() -> set[str]: ...
 
 def _batch_paged_attention_tuned(
     query: npt.ArrayLike,
@@ -72,4 +76,5 @@ def _batch_paged_attention_tuned(
     max_simd: int = ...,
     flags: int | str | Sequence[str] = ...,
     repeat: int = ...,
+    quantize_query: bool = ...,
 ) -> Any: ...

@@ -50,6 +50,7 @@ cdef extern from "pagedcy_attention.h":
         PA_TUNE_SUPER2
         PA_TUNE_SUPER_F32
         PA_TUNE_SUPER_PAGE_ORDER
+        PA_TUNE_NO_VNNI
     int pagedcy_use_simd() noexcept nogil
     int pagedcy_simd_level() noexcept nogil
     pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_params *P, int nthreads,
@@ -74,6 +75,7 @@ _TUNE_FLAGS = {
     "no_qk3": PA_TUNE_NO_QK3, "pf_partial": PA_TUNE_PF_PARTIAL,
     "prefill_m512": PA_TUNE_PREFILL_M512, "super1": PA_TUNE_SUPER1, "super2": PA_TUNE_SUPER2,
     "super_f32": PA_TUNE_SUPER_F32, "super_page_order": PA_TUNE_SUPER_PAGE_ORDER,
+    "no_vnni": PA_TUNE_NO_VNNI,
 }
 
 
@@ -211,7 +213,8 @@ def _tune_bits(flags):
 
 def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, *,
                           scale=None, causal=True, window_left=-1, soft_cap=0.0,
-                          alibi_slopes=None, out=None, return_lse=False, num_threads=None):
+                          alibi_slopes=None, out=None, return_lse=False, num_threads=None,
+                          quantize_query=False):
     """Attention of a ragged batch of queries over paged K/V.
 
     query: float ``[total_q, num_heads, head_dim]`` (converted to float32);
@@ -234,6 +237,16 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     ``window_left >= 0`` keeps ``j >= i_abs - window_left``. Query head h uses KV
     head ``h // (num_heads // num_kv_heads)``.
 
+    quantize_query: with int8 kv_pages, score with integer dot products
+    (AVX2 vpmaddubsw, AVX-VNNI / AVX512-VNNI vpdpbusd; the scalar path too):
+    each scaled query vector q is rounded to int8 with its own scale
+    ``s = max|q| / 127``, so a score moves by at most
+    ``E = max|q| / 254 * sum_d |k[t][d]|`` (k dequantized) against the float
+    path, the lse by at most ``E`` and an output element by at most
+    ``(exp(2E) - 1) * max_t |v[t][d]|`` (E the largest over the visible keys).
+    Used for decode-sized blocks when head_dim % 32 == 0 (prefill blocks of
+    32+ query vectors per KV head score in float32); no effect on float pages.
+
     Returns ``out`` float32 ``[total_q, num_heads, head_dim]`` (written in place
     when ``out`` is given), or ``(out, lse)`` with ``lse`` float32
     ``[total_q, num_heads]`` (natural log; -inf for a row that sees no key)
@@ -245,11 +258,11 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     """
     return _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale, causal,
                       window_left, soft_cap, alibi_slopes, out, return_lse, num_threads, 0,
-                      PAGEDCY_SIMD_AVX512, 0, 1)
+                      PAGEDCY_SIMD_AVX512, 0, 1, quantize_query)
 
 
 def _plain_options(*, scale=None, causal=True, window_left=-1, soft_cap=0.0, alibi_slopes=None,
-                   out=None, return_lse=False, num_threads=None):
+                   out=None, return_lse=False, num_threads=None, quantize_query=False):
     """Private: ``batch_paged_attention``'s options as plain Python and NumPy values (the
     kernel's own conversion), so a caller that must hold a lock through the kernel can run
     every ``__index__``, ``__float__``, ``__bool__`` or ``__array__`` of the user's before
@@ -258,13 +271,14 @@ def _plain_options(*, scale=None, causal=True, window_left=-1, soft_cap=0.0, ali
                 window_left=as_int(window_left, "window_left"),
                 soft_cap=finite_float(soft_cap, "soft_cap", min_value=0.0),
                 alibi_slopes=None if alibi_slopes is None else np.asarray(alibi_slopes),
-                out=out, return_lse=bool(return_lse), num_threads=resolve_num_threads(num_threads))
+                out=out, return_lse=bool(return_lse), num_threads=resolve_num_threads(num_threads),
+                quantize_query=bool(quantize_query))
 
 
 def _batch_paged_attention_tuned(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, *,
                                  scale=None, causal=True, window_left=-1, soft_cap=0.0,
                                  alibi_slopes=None, out=None, return_lse=False, num_threads=None,
-                                 kv_chunk=0, max_simd=2, flags=0, repeat=1):
+                                 kv_chunk=0, max_simd=2, flags=0, repeat=1, quantize_query=False):
     """Private: ``batch_paged_attention`` with the switches tests, bench and asv use.
 
     kv_chunk: tokens per KV split (0 automatic, < 0 never split). max_simd: cap
@@ -275,12 +289,12 @@ def _batch_paged_attention_tuned(query, qo_indptr, kv_pages, layer, block_tables
     return _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale, causal,
                       window_left, soft_cap, alibi_slopes, out, return_lse, num_threads,
                       as_int(kv_chunk, "kv_chunk"), as_int(max_simd, "max_simd"), _tune_bits(flags),
-                      max(1, as_int(repeat, "repeat")))
+                      max(1, as_int(repeat, "repeat")), quantize_query)
 
 
 cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale, causal,
                 window_left, soft_cap, alibi_slopes, out, return_lse, num_threads,
-                int64_t kv_chunk, int64_t max_simd, int64_t flags, Py_ssize_t repeat):
+                int64_t kv_chunk, int64_t max_simd, int64_t flags, Py_ssize_t repeat, quantize_query):
     """batch_paged_attention's body (a cdef call: no keyword parsing twice)."""
     cdef pagedcy_attn_params P
     q = float_array(query, "query")
@@ -328,7 +342,8 @@ cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale,
     cdef int64_t B = lens64.shape[0]
     # --- options
     opt = _plain_options(scale=scale, causal=causal, window_left=window_left, soft_cap=soft_cap,
-                         alibi_slopes=alibi_slopes, return_lse=return_lse, num_threads=num_threads)
+                         alibi_slopes=alibi_slopes, return_lse=return_lse, num_threads=num_threads,
+                         quantize_query=quantize_query)
     fscale = 1.0 / math.sqrt(D) if opt["scale"] is None else opt["scale"]
     fcap = opt["soft_cap"]
     wl = opt["window_left"]
@@ -376,6 +391,7 @@ cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale,
         P.lse = <float *>cnp.PyArray_DATA(lse) if lse is not None else NULL
         P.use_simd = <int32_t>max(0, min(pagedcy_simd_level(), max_simd))
         P.flags = <int32_t>flags
+        P.qk_i8 = 1 if opt["quantize_query"] else 0
         with nogil:
             for _r in range(repeat):
                 rc = _run_kernel(&P, nthreads, kv_chunk)
@@ -386,6 +402,29 @@ cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale,
     if lse is not None:
         return o, lse
     return o
+
+
+cdef extern from *:
+    """
+    static int pagedcy_attn_vnni_paths(void) {
+        int r = 0;
+    #if PAGEDCY_ATTN_HAVE_AVX2 && defined(PAGEDCY_ATTN_HAVE_AVXVNNI)
+        r |= pa_cpu_has_avxvnni() ? 1 : 0;
+    #endif
+    #if PAGEDCY_ATTN_HAVE_AVX512 && defined(PAGEDCY_ATTN_HAVE_AVX512VNNI)
+        r |= pa_cpu_has_avx512vnni() ? 2 : 0;
+    #endif
+        return r;
+    }
+    """
+    int pagedcy_attn_vnni_paths() noexcept nogil
+
+
+def _vnni_paths():
+    """Private (tests, bench): the VNNI dot-product kernels the int8 ``quantize_query``
+    path can use here: a set of "avx_vnni" and "avx512_vnni" (CPU and build)."""
+    cdef int r = pagedcy_attn_vnni_paths()
+    return {n for bit, n in ((1, "avx_vnni"), (2, "avx512_vnni")) if r & bit}
 
 
 def simd_enabled():

@@ -3,7 +3,8 @@
 ``read_bandwidth``: long sequential streams, the best case of the memory
 system. ``page_read_bandwidth``: the same buffer read the way decode reads a
 paged KV cache (random pages, a few at a time, row by row) with no compute,
-the best a kernel walking such pages can hope for."""
+the best a kernel walking such pages can hope for. ``fma_rate``: the core's
+float32 FMA throughput at an instruction-set level, the arithmetic ceiling."""
 import time
 
 import numpy as np
@@ -117,6 +118,108 @@ cdef extern from *:
     """
     double pagedcy_bw_walk(const char *base, const int32_t *order, long long n, long long page_bytes,
                           int streams, long long row_bytes) noexcept nogil
+
+
+cdef extern from *:
+    """
+    /* n rounds of C independent FMA chains x = x*m + c (m, c run-time values
+     * the compiler cannot fold: the caller passes 1 and 0, so every lane keeps
+     * its start value and the returned sum checks the work). C chains hide the
+     * 4-cycle FMA latency on two FMA ports (8 would be the minimum). */
+    #define PAGEDCY_FMA_CHAINS 12
+    static double pagedcy_fma_scalar(long long n, float m, float c) {
+        float x[PAGEDCY_FMA_CHAINS];
+        for (int i = 0; i < PAGEDCY_FMA_CHAINS; i++) x[i] = (float)(i + 1);
+        for (long long r = 0; r < n; r++)
+            for (int i = 0; i < PAGEDCY_FMA_CHAINS; i++) x[i] = x[i] * m + c;  /* FMA where the build has it */
+        double s = 0;
+        for (int i = 0; i < PAGEDCY_FMA_CHAINS; i++) s += x[i];
+        return s;
+    }
+    #if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+    #define PAGEDCY_FMA_BODY(w, vec, lanes) do {                                        \
+            vec x[PAGEDCY_FMA_CHAINS];                                                 \
+            const vec vm = w##_set1_ps(m), vc = w##_set1_ps(c);                        \
+            for (int i = 0; i < PAGEDCY_FMA_CHAINS; i++) x[i] = w##_set1_ps((float)(i + 1)); \
+            for (long long r = 0; r < n; r++)                                          \
+                for (int i = 0; i < PAGEDCY_FMA_CHAINS; i++) x[i] = w##_fmadd_ps(x[i], vm, vc); \
+            double s = 0;                                                              \
+            for (int i = 0; i < PAGEDCY_FMA_CHAINS; i++) {                             \
+                float t[lanes];                                                        \
+                w##_storeu_ps(t, x[i]);                                                \
+                for (int k = 0; k < lanes; k++) s += t[k];                             \
+            }                                                                          \
+            return s / lanes;                                                          \
+        } while (0)
+    __attribute__((target("avx2,fma")))
+    static double pagedcy_fma_avx2(long long n, float m, float c) { PAGEDCY_FMA_BODY(_mm256, __m256, 8); }
+    __attribute__((target("avx512f,avx2,fma")))
+    static double pagedcy_fma_avx512(long long n, float m, float c) { PAGEDCY_FMA_BODY(_mm512, __m512, 16); }
+    #endif
+    /* Lanes per FMA instruction at `level` (capped by the CPU's); 0: none. */
+    static int pagedcy_fma_lanes(int level) {
+        if (level > pagedcy_simd_level()) level = pagedcy_simd_level();
+        return level >= PAGEDCY_SIMD_AVX512 ? 16 : level == PAGEDCY_SIMD_AVX2 ? 8 : 1;
+    }
+    /* The chains' sum divided by the lanes (the scalar chains' sum: 78 when
+     * nothing was dropped), so every level returns the same checksum. */
+    static double pagedcy_fma_run(int level, long long n, float m, float c) {
+        const int lanes = pagedcy_fma_lanes(level);
+    #if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+        if (lanes == 16) return pagedcy_fma_avx512(n, m, c);
+        if (lanes == 8) return pagedcy_fma_avx2(n, m, c);
+    #endif
+        (void)lanes;
+        return pagedcy_fma_scalar(n, m, c);
+    }
+    """
+    int PAGEDCY_FMA_CHAINS
+    int pagedcy_fma_lanes(int level) noexcept nogil
+    double pagedcy_fma_run(int level, long long n, float m, float c) noexcept nogil
+
+
+cdef double c_fma_pass(int level, int64_t rounds, int num_threads, float m, float c) noexcept nogil:
+    """Sum of every thread's chain checksum (each runs ``rounds`` rounds)."""
+    cdef int i
+    cdef double total = 0.0
+    for i in prange(num_threads, num_threads=num_threads, schedule='static', chunksize=1):
+        total += pagedcy_fma_run(level, rounds, m, c)
+    return total
+
+
+def fma_rate(num_threads=None, simd=2, repeats=5, *, rounds=2_000_000):
+    """Best float32 FMA throughput in lane-FMAs per second over ``repeats`` passes.
+
+    Each of ``num_threads`` threads (``resolve_num_threads``) runs ``rounds``
+    rounds of 12 independent FMA chains at instruction-set level ``simd``
+    (0 scalar, 1 AVX2: 8 lanes, 2 AVX-512: 16 lanes; capped by the CPU's and
+    ``PAGEDCY_SIMD``), so one lane-FMA is one multiply-add of one float: the
+    arithmetic ceiling of a kernel whose inner loop is FMAs. An untimed pass
+    comes first. Raises TypeError for non-integers, ValueError for ``simd``
+    outside [0, 2] or ``repeats`` / ``rounds`` outside [1, 2**31).
+    """
+    reps = _validate.check_positive(repeats, "repeats", 2**31)
+    cdef int64_t n = _validate.check_positive(rounds, "rounds", 2**31)
+    lvl = _validate.check_count(simd, "simd")
+    if lvl > 2:
+        raise ValueError(f"simd must be 0, 1 or 2, got {lvl}")
+    cdef int level = lvl
+    cdef int nt = resolve_num_threads(num_threads)
+    cdef int lanes = pagedcy_fma_lanes(level)
+    cdef double total
+    # 1 + 2 + ... + chains per thread, what 12 chains starting at 1..12 keep under x*1 + 0
+    cdef double want = nt * PAGEDCY_FMA_CHAINS * (PAGEDCY_FMA_CHAINS + 1) / 2.0
+    best = 0.0
+    for it in range(reps + 1):
+        t0 = time.perf_counter()
+        with nogil:
+            total = c_fma_pass(level, n, nt, 1.0, 0.0)
+        dt = time.perf_counter() - t0
+        if total != want:
+            raise RuntimeError(f"fma_rate: checksum {total} != {want}")
+        if it > 0:
+            best = max(best, <double>n * PAGEDCY_FMA_CHAINS * lanes * nt / dt)
+    return best
 
 
 cdef double c_pass(const char *base, const int32_t *order, int64_t n, int64_t granule, int64_t page_bytes,

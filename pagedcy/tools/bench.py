@@ -8,7 +8,9 @@ in random order. Every case runs once per round, round after round, and the
 table reports each case's best time, so a busy neighbour on a shared machine
 hits all of them alike. Reports time, GB/s of K+V read (decode) or GFLOP/s
 (prefill), the share of the read bandwidth measured in the same run, and the
-speed-up over a NumPy reference (gather + batched matmul/softmax) and over
+share of the case's roof (the lesser of the page-walk read rate and the
+arithmetic roof: the measured FMA rate times the K/V bytes one lane-FMA
+consumes), the speed-up over a NumPy reference (gather + batched matmul/softmax) and over
 torch's scaled_dot_product_attention on contiguous K/V (when torch imports).
 """
 import argparse
@@ -21,7 +23,7 @@ import numpy as np
 from pagedcy._libs._attention import (_batch_paged_attention_tuned, batch_paged_attention,
                                       simd_level)
 from pagedcy._libs._threads import simd_path
-from pagedcy._libs._bandwidth import page_read_bandwidth, read_bandwidth
+from pagedcy._libs._bandwidth import fma_rate, page_read_bandwidth, read_bandwidth
 from pagedcy.tools.info import cpu_description, huge_pages
 from pagedcy.tools._argtypes import positive_int
 from pagedcy.tools._progress import Progress
@@ -195,8 +197,9 @@ def case_inputs(batch, kv_len, dtype, q_len, seed, layout="HND"):
 
 
 def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_simd=2,
-               layout="HND"):
-    """One table row of pagedcy on a case, with the closure that runs it."""
+               layout="HND", quantize_query=False):
+    """One table row of pagedcy on a case, with the closure that runs it (``quantize_query``:
+    int8 pages scored with integer dot products, see ``batch_paged_attention``)."""
     q, indptr, pages, bt, lens = case_inputs(batch, kv_len, dtype, q_len, seed, layout)
     out = np.empty_like(q)
     causal = kind == "prefill"
@@ -206,9 +209,11 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_sim
 
     def ours():
         _batch_paged_attention_tuned(q, indptr, pages, 0, bt, lens, out=out, causal=causal,
-                                     num_threads=threads, max_simd=max_simd, repeat=reps)
+                                     num_threads=threads, max_simd=max_simd, repeat=reps,
+                                     quantize_query=quantize_query)
     ours()                                # warm-up: page faults, thread start
-    row = {"case": name, "threads": threads, "numpy": None, "torch": None, "reps": reps,
+    row = {"case": name, "threads": threads, "simd": min(max_simd, simd_level()),
+           "in_cache": "[in cache" in name, "dtype": dtype, "numpy": None, "torch": None, "reps": reps,
            "ran_baselines": False, "run": ours, "times": [], "kind": kind, "nbytes": pages.nbytes,
            "spec": (kind, batch, kv_len, dtype, threads, seed, q_len, layout)}
     if kind == "prefill":
@@ -217,13 +222,15 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_sim
     return row
 
 
-def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=None, walk=None):
+def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=None, walk=None,
+                     fma=None):
     """Run every row's case once per round, round after round (at least `repeats`
     rounds and `min_seconds`), and keep each case's best time: a noisy
     neighbour then hits all cases alike instead of whichever ran during it.
     With `bw` ({threads: GB/s}), each round also measures the read bandwidth
     and `bw` keeps the best, so the yardstick gets the same treatment; `walk`
-    likewise for ``page_read_bandwidth`` over the same buffer.
+    likewise for ``page_read_bandwidth`` over the same buffer, and `fma`
+    ({(threads, simd): lane-FMAs/s}) for ``fma_rate``.
     `progress` (a Progress over `min_seconds`) follows the elapsed time."""
     start = time.perf_counter()
     t_end = start + min_seconds
@@ -241,23 +248,55 @@ def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=
             bw[k] = max(bw[k], read_bandwidth(num_threads=k, repeats=1, buffer=bw_buf))
         for k in (walk or {}):
             walk[k] = max(walk[k], page_read_bandwidth(num_threads=k, repeats=1, buffer=bw_buf))
+        for th, lvl in (fma or {}):
+            fma[th, lvl] = max(fma[th, lvl], fma_rate(th, lvl, repeats=1))
     return rounds
 
 
-def finish_row(row, bw, walk=None):
+def kv_bytes_per_fma(dtype, group=H // HKV, head_dim=D):
+    """K/V bytes a decode kernel reads per float32 lane-FMA: Q.K and P.V each do
+    ``group`` (query heads per KV head) lane-FMAs per stored element, so an element of
+    ``b`` bytes feeds ``group`` FMAs (int8 rows also carry a 4-byte scale)."""
+    es = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}.get(dtype)
+    if es is None:
+        es = (head_dim + 4) / head_dim
+    return es / group
+
+
+def row_roof(row, walk, fma):
+    """(GB/s, bound) of a decode row: the arithmetic roof ``fma[(threads, simd)]`` (lane-FMAs/s)
+    times ``kv_bytes_per_fma``, and for a row reading from DRAM the lesser of that and the
+    page-walk rate ``walk[threads]``; bound "a" (arithmetic) or "w" (walk). None without
+    the yardsticks."""
+    f = (fma or {}).get((row["threads"], row["simd"]))
+    if row["kind"] != "decode" or f is None:
+        return None
+    arith = f * kv_bytes_per_fma(row["dtype"]) / 1e9
+    w = (walk or {}).get(row["threads"])
+    if row["in_cache"] or w is None or arith <= w:
+        return arith, "a"
+    return w, "w"
+
+
+def finish_row(row, bw, walk=None, fma=None):
     """Fill a benchmark row's derived columns in place from its best time: ``ms``, ``rate``
     and ``unit`` (GB/s of page bytes read for decode, GFLOP/s for prefill), ``pct_bw``
     (decode rate as a percentage of ``bw[threads]``, the measured read bandwidth in GB/s)
-    and ``pct_walk`` (the same of ``walk[threads]``, the page-walk read rate, when given)."""
+    and ``pct_walk`` (the same of ``walk[threads]``, the page-walk read rate, when given);
+    ``roof`` / ``pct_roof`` (``row_roof`` with ``fma``: {(threads, simd): lane-FMAs/s})."""
     t = min(row["times"]) / row["reps"]
     row["ms"] = t * 1e3
     row["pct_walk"] = None
+    row["roof"] = row_roof(row, walk, fma)
+    row["pct_roof"] = None
     if row["kind"] == "decode":
         row["rate"] = row["nbytes"] / t / 1e9
         row["unit"] = "GB/s"
         row["pct_bw"] = 100.0 * row["rate"] / bw[row["threads"]]
         if walk and row["threads"] in walk:
             row["pct_walk"] = 100.0 * row["rate"] / walk[row["threads"]]
+        if row["roof"] is not None:
+            row["pct_roof"] = 100.0 * row["rate"] / row["roof"][0]
     else:
         row["rate"] = row["flops"] / t / 1e9
         row["unit"] = "GFLOP/s"
@@ -316,21 +355,24 @@ def _per_thread(rates):
     return ", ".join(f"{k} thread{'s' if k > 1 else ''} {v:.1f} GB/s" for k, v in sorted(rates.items()))
 
 
-def format_table(rows, bw, bw_start=None, walk=None):
+def format_table(rows, bw, bw_start=None, walk=None, fma=None):
     """The result table as text: one line per finished row (time, rate, % of read bandwidth,
-    % of the page-walk read rate, speed-up over NumPy and torch), then the read bandwidth per
-    thread count (``bw``, GB/s), when given the bandwidth measured at the start (``bw_start``)
-    and the page-walk read rate (``walk``, GB/s)."""
+    % of the page-walk read rate, the roof and its share, speed-up over NumPy and torch), then
+    the read bandwidth per thread count (``bw``, GB/s), when given the bandwidth measured at
+    the start (``bw_start``), the page-walk read rate (``walk``, GB/s) and the FMA rates
+    (``fma``, {(threads, simd): lane-FMAs/s})."""
     head = (f"{'case':<34}{'thr':>4}{'time ms':>10}{'rate':>16}{'% of bw':>9}{'% walk':>8}"
-            f"{'x numpy':>9}{'x torch':>9}")
+            f"{'roof GB/s':>11}{'% roof':>8}{'x numpy':>9}{'x torch':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         rate = f"{r['rate']:.1f} {r['unit']}"
         pct = f"{r['pct_bw']:.0f}%" if r["pct_bw"] is not None else "-"
         pw = f"{r['pct_walk']:.0f}%" if r.get("pct_walk") is not None else "-"
+        roof = f"{r['roof'][0]:.1f} {r['roof'][1]}" if r.get("roof") else "-"
+        pr = f"{r['pct_roof']:.0f}%" if r.get("pct_roof") is not None else "-"
         xn = f"{r['numpy']:.1f}x" if r["numpy"] is not None else "-"
         xt = f"{r['torch']:.1f}x" if r["torch"] is not None else ("n/a" if r.get("ran_baselines") else "-")
-        lines.append(f"{r['case']:<34}{r['threads']:>4}{r['ms']:>10.2f}{rate:>16}{pct:>9}{pw:>8}{xn:>9}{xt:>9}")
+        lines.append(f"{r['case']:<34}{r['threads']:>4}{r['ms']:>10.2f}{rate:>16}{pct:>9}{pw:>8}{roof:>11}{pr:>8}{xn:>9}{xt:>9}")
     lines.append("")
     lines.append("read bandwidth (read_bandwidth, same run, best of the start and every round): "
                  + _per_thread(bw))
@@ -343,6 +385,12 @@ def format_table(rows, bw, bw_start=None, walk=None):
                      + _per_thread(walk) + " = "
                      + ", ".join(f"{100 * v / bw[k]:.0f}%" for k, v in sorted(walk.items()) if k in bw)
                      + " of the read bandwidth")
+    if fma:
+        names = {0: "scalar", 1: "AVX2", 2: "AVX-512"}
+        lines.append("roof: a = arithmetic (fma_rate, best of the start and every round: lane-FMAs/s of 12 FMA chains, times the K/V bytes "
+                     f"one lane-FMA consumes: dtype bytes / {H // HKV} query heads per KV head), "
+                     "w = page-walk read rate; i8q: int8 K/V with quantize_query=True; FMA rates "
+                     + ", ".join(f"{names.get(s, s)} {k} thr {v / 1e9:.1f} G/s" for (k, s), v in sorted(fma.items())))
     return "\n".join(lines)
 
 
@@ -400,17 +448,27 @@ def main(argv=None):
         (prefill, "prefill", 1, pre_l, "float32", 1, pre_l, 2),
         (prefill, "prefill", 1, pre_l, "float32", nt, pre_l, 2),
         (f"{dec} int8", "decode", dec_b, dec_l, "int8", nt, 1, 2),
+        (f"{dec} i8q", "decode", dec_b, dec_l, "int8", nt, 1, 2, "HND", True),
         # the same kernel with K/V resident in the last-level cache: its compute limit
         ("decode 4x256 fp32 [in cache]", "decode", 4, 256, "float32", nt, 1, 2),
         ("decode 4x256 fp16 [in cache]", "decode", 4, 256, "float16", nt, 1, 2),
         ("decode 4x256 int8 [in cache]", "decode", 4, 256, "int8", nt, 1, 2),
+        ("decode 4x256 i8q [in cache]", "decode", 4, 256, "int8", nt, 1, 2, "HND", True),
     ]
     if nt == 1:
         specs = [s for i, s in enumerate(specs) if i not in (1, 5)]
     if simd_level() >= 2:
         # what a CPU without AVX-512 runs: the same cases on the AVX2 kernels
         specs += [(f"{dec} fp32 [AVX2 kernels]", "decode", dec_b, dec_l, "float32", nt, 1, 1),
-                  (f"{dec} fp16 [AVX2 kernels]", "decode", dec_b, dec_l, "float16", nt, 1, 1)]
+                  (f"{dec} fp16 [AVX2 kernels]", "decode", dec_b, dec_l, "float16", nt, 1, 1),
+                  (f"{dec} bf16 [AVX2 kernels]", "decode", dec_b, dec_l, "bfloat16", nt, 1, 1),
+                  (f"{dec} int8 [AVX2 kernels]", "decode", dec_b, dec_l, "int8", nt, 1, 1),
+                  (f"{dec} i8q [AVX2 kernels]", "decode", dec_b, dec_l, "int8", nt, 1, 1, "HND", True)]
+        specs += [(f"decode 4x256 {n} [in cache, AVX2]", "decode", 4, 256, dt, th, 1, 1)
+                  for n, dt in (("fp32", "float32"), ("fp16", "float16"), ("bf16", "bfloat16"),
+                                ("int8", "int8")) for th in sorted({nt, 1}, reverse=True)]
+        specs += [("decode 4x256 i8q [in cache, AVX2]", "decode", 4, 256, "int8", th, 1, 1, "HND", True)
+                  for th in sorted({nt, 1}, reverse=True)]
     # token-major pages (a C-order array; the store's pages are head-major): what the
     # layout is worth, in the same run
     specs += [(f"{dec} fp32 [NHD pages]", "decode", dec_b, dec_l, "float32", th, 1, 2, "NHD")
@@ -422,21 +480,27 @@ def main(argv=None):
         if nt != 1:
             bw[1] = read_bandwidth(num_threads=1, repeats=rep, buffer=bw_buf)
         walk = {k: page_read_bandwidth(num_threads=k, repeats=1, buffer=bw_buf) for k in bw}
+        progress.status("FMA rate")
+        fma = {(th, min(ms, simd_level())): 0.0 for _, kind, _, _, _, th, _, ms, *_ in specs
+               if kind == "decode"}
+        for th, lvl in fma:
+            fma[th, lvl] = fma_rate(th, lvl, repeats=3)
         progress.update()
         seeds = {}
         rows = []
-        for name, kind, b, l, dt, th, ql, ms, *lay in specs:
+        for name, kind, b, l, dt, th, ql, ms, *extra in specs:
             progress.status(f"{name}: inputs")
             rows.append(bench_case(name, kind, b, l, dt, th,
                                    seeds.setdefault((b, l, ql), 1000 + len(seeds)),
-                                   q_len=ql, max_simd=ms, layout=lay[0] if lay else "HND"))
+                                   q_len=ql, max_simd=ms, layout=extra[0] if extra else "HND",
+                                   quantize_query=len(extra) > 1 and extra[1]))
             progress.update()
     bw_start = dict(bw)
     with Progress(secs, "timing", unit="s") as progress:
-        rounds = time_interleaved(rows, rep, secs, bw, bw_buf, progress, walk)
+        rounds = time_interleaved(rows, rep, secs, bw, bw_buf, progress, walk, fma)
     del bw_buf
     for row in rows:
-        finish_row(row, bw, walk)
+        finish_row(row, bw, walk, fma)
         del row["run"]
     if base:
         with Progress(len(rows), "baselines", unit="case") as progress:
@@ -451,7 +515,7 @@ def main(argv=None):
     if base:
         print(f"NumPy BLAS (the baseline's matmuls, limited to each row's threads): "
               f"{blas_description()}")
-    print(format_table(rows, bw, bw_start, walk))
+    print(format_table(rows, bw, bw_start, walk, fma))
     by = {(r["case"], r["threads"]): r for r in rows}
     d32, f16 = by.get((f"{dec} fp32", nt)), by.get((f"{dec} fp16", nt))
     if d32 and f16:
@@ -460,10 +524,13 @@ def main(argv=None):
         if a32 and a16:
             line += f"; with the AVX2 kernels: {a32['ms'] / a16['ms']:.2f}x"
         print(line)
-    i8 = by.get((f"{dec} int8", nt))
-    if i8 and d32 and f16:
-        print(f"int8 decode speed-up ({nt} threads): {d32['ms'] / i8['ms']:.2f}x over fp32, "
-              f"{f16['ms'] / i8['ms']:.2f}x over fp16")
+    # i8q: int8 K/V scored with integer dot products on int8 queries (quantize_query=True)
+    for i8n, avx2 in (("int8", ""), ("i8q", ""), ("int8", " [AVX2 kernels]"), ("i8q", " [AVX2 kernels]")):
+        i8 = by.get((f"{dec} {i8n}{avx2}", nt))
+        a32, a16 = (by.get((f"{dec} {d}{avx2}", nt)) for d in ("fp32", "fp16"))
+        if i8 and a32 and a16:
+            print(f"{i8n} decode speed-up{avx2} ({nt} threads): "
+                  f"{a32['ms'] / i8['ms']:.2f}x over fp32, {a16['ms'] / i8['ms']:.2f}x over fp16")
     p1, p2 = by.get((prefill, 1)), by.get((prefill, nt))
     if p1 and p2 and nt > 1:
         print(f"prefill scaling 1 -> {nt} threads: {p1['ms'] / p2['ms']:.2f}x")

@@ -400,6 +400,82 @@ PA_AVX512 static void pa_pv12_avx512(float *O, int D, const float *alpha, const 
 }
 
 
+/* ---- int8 q.k on AVX512-VNNI -------------------------------------------
+ * pa_qk4_i8_avx2's contract; 4 tokens x 4 rows per step (16 accumulators,
+ * reduced by pa_hsum16x16 as pa_qk4x4r_z does), vpdpbusd on 64 values of
+ * k ^ 0x80 against q8 with the 128 * sum(q8) correction. Needs D % 64 == 0
+ * and the CPU's avx512vnni; otherwise, and for the last 1-3 tokens, the
+ * AVX2-level kernel (AVX-VNNI or vpmaddubsw). */
+#if defined(__GNUC__) || defined(__clang__)
+#define PAGEDCY_ATTN_HAVE_AVX512VNNI 1
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx512vnni,avx2,fma,f16c")))
+static void pa_qk4_i8_vnni_avx512(const int8_t *q8, const float *qs, const int32_t *qsum, int D,
+                                  const char *const *K, int npg, int64_t rs, int v0, int v1, float *S,
+                                  pa_pfcur *pf, int flags) {
+    const int nb = (v1 - v0) / 4;
+    int per[PA_SUPER_PAGES];
+    for (int i = 0; pf && i < npg; i++) per[i] = nb ? (pa_pf_lines_left(pf + i) + nb - 1) / nb : 0;
+    float cs[16], ss[16];         /* element p of a 4x4 block is row (p & 7) >> 1 */
+    for (int p = 0; p < 16; p++) { cs[p] = 128.0f * qsum[(p & 7) >> 1]; ss[p] = qs[(p & 7) >> 1]; }
+    const __m512 corr = _mm512_loadu_ps(cs), sc = _mm512_loadu_ps(ss);
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    int j = v0 % npg;
+    int64_t row = (int64_t)(v0 / npg) * rs;
+    int v = v0;
+    for (; v + 4 <= v1; v += 4) {
+        for (int i = 0; pf && i < npg; i++) pa_pf_step(pf + i, per[i], flags);
+        const char *kr[4];
+        for (int t = 0; t < 4; t++) {
+            kr[t] = K[j] + row;
+            if (++j == npg) { j = 0; row += rs; }
+        }
+        __m512i a[16];
+        for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_si512();
+        for (int64_t d = 0; d < D; d += 64) {
+            __m512i u[4];
+            for (int t = 0; t < 4; t++) u[t] = _mm512_xor_si512(_mm512_loadu_si512(kr[t] + d), x80);
+            for (int r = 0; r < 4; r++) {
+                const __m512i y = _mm512_loadu_si512(q8 + (int64_t)r * D + d);
+                for (int t = 0; t < 4; t++) a[r * 4 + t] = _mm512_dpbusd_epi32(a[r * 4 + t], u[t], y);
+            }
+        }
+        __m512 w[16];             /* pa_qk4x4r_z's order; sums below 2^24 for D <= 512 */
+        for (int p = 0; p < 16; p++) {
+            const int t = 2 * (p >> 3) + (p & 1), r = (p & 7) >> 1;
+            w[4 * (p & 3) + (p >> 2)] = _mm512_cvtepi32_ps(a[r * 4 + t]);
+        }
+        float kss[16];            /* the K rows' scales, in the same element order */
+        for (int p = 0; p < 16; p++) memcpy(kss + p, kr[2 * (p >> 3) + (p & 1)] + D, sizeof(float));
+        _mm512_storeu_ps(S + (v >> 1) * 8, _mm512_mul_ps(_mm512_sub_ps(pa_hsum16x16(w), corr),
+                                                          _mm512_mul_ps(sc, _mm512_loadu_ps(kss))));
+    }
+    if (v < v1) pa_qk4_i8_avx2(q8, qs, qsum, D, K, npg, rs, v, v1, S, pf, flags);
+    else for (int i = 0; pf && i < npg; i++) pa_pf_step(pf + i, pa_pf_lines_left(pf + i), flags);
+}
+
+static inline int pa_cpu_has_avx512vnni(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = pagedcy_cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+    }
+    return cached;
+}
+#endif
+
+PA_AVX512 static void pa_qk4_i8_avx512(const int8_t *q8, const float *qs, const int32_t *qsum, int D,
+                                       const char *const *K, int npg, int64_t rs, int v0, int v1, float *S,
+                                       pa_pfcur *pf, int flags) {
+#ifdef PAGEDCY_ATTN_HAVE_AVX512VNNI
+    if (D % 64 == 0 && !(flags & PA_TUNE_NO_VNNI) && pa_cpu_has_avx512vnni()) {
+        pa_qk4_i8_vnni_avx512(q8, qs, qsum, D, K, npg, rs, v0, v1, S, pf, flags);
+        return;
+    }
+#endif
+    pa_qk4_i8_avx2(q8, qs, qsum, D, K, npg, rs, v0, v1, S, pf, flags);
+}
+#define pa_qk_i8_ok_avx512 pa_qk_i8_ok_avx2
+
 /* Decode entry points, same signatures as the AVX2 ones; 16-wide loads widen
  * bf16 in order, so perm is never set here. */
 PA_AVX512 static void pa_qk4_avx512(const float *q, int D, const void *K, int64_t ks, int tlo, int thi,

@@ -124,6 +124,11 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
             else PA_SFX(pa_scale_copy)(dst, src, D, P->scale, perm);
         }
     }
+    /* int8 K with qk_i8: the queries quantized once per item for the
+     * integer q.k kernels (decode blocks; packed items score float32) */
+    const int qk8 = P->qk_i8 && i8 && !packed && PA_SFX(pa_qk_i8_ok)(D);
+    for (int i = 0; qk8 && i < ng * Mp; i++)
+        PA_SFX(pa_quantize_q8)(W.q8 + (int64_t)i * D, W.qs + i, W.qsum + i, W.qp + (int64_t)i * D, D);
     memset(W.O, 0, sizeof(float) * (size_t)ng * Mp * D);
     for (int i = 0; i < ng * Mp; i++) { W.m[i] = -INFINITY; W.l[i] = 0.0f; }
 
@@ -233,11 +238,19 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 for (int b4 = 0; b4 < nblk; b4++) {
                     if (b4 * 4 >= M) continue;
                     float *Sb = W.S + (int64_t)b4 * 4 * SldS;
-                    if (tm) PA_SFX(pa_qk4v)(qg + (int64_t)b4 * 4 * D, D, Kj, npg, T, ks, Sb, use_pf ? cK : NULL,
-                                            flags, P->dtype, perm);
+                    const int64_t qo = (int64_t)gi * Mp + b4 * 4;    /* int8 q.k: the block's queries */
+                    if (qk8 && tm)
+                        PA_SFX(pa_qk4_i8)(W.q8 + qo * D, W.qs + qo, W.qsum + qo, D, Kj, npg, row_stride, 0,
+                                          npg * T, Sb, use_pf ? cK : NULL, flags);
+                    else if (qk8)
+                        for (int j = 0; j < npg; j++)
+                            PA_SFX(pa_qk4_i8)(W.q8 + qo * D, W.qs + qo, W.qsum + qo, D, Kj + j, 1, row_stride, 0,
+                                              T, Sb + (int64_t)j * T * 4, use_pf ? cK + j : NULL, flags);
+                    else if (tm) PA_SFX(pa_qk4v)(qg + (int64_t)b4 * 4 * D, D, Kj, npg, T, ks, Sb, use_pf ? cK : NULL,
+                                                 flags, P->dtype, perm);
                     else PA_SFX(pa_qk4v_pages)(qg + (int64_t)b4 * 4 * D, D, Kj, npg, T, ks, Sb,
                                                use_pf ? cK : NULL, flags, P->dtype, perm);
-                    if (i8) pa_i8_scale_pages(Sb, Ks, npg, T, row_stride, tm);
+                    if (i8 && !qk8) pa_i8_scale_pages(Sb, Ks, npg, T, row_stride, tm);
                     float slope4[4], pos4[4];
                     pa_block_bias(P, it, &W, gi, b4, M, tok0, delta, slope4, pos4);
                     PA_SFX(pa_softmax4)(Sb, 0, npg * T / 2, slo + b4 * 4, shi + b4 * 4, P->soft_cap, slope4,
@@ -378,9 +391,14 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 pa_pfcur *pk = use_pf ? &cK : NULL, *pv = use_pf ? &cV : NULL;
                 use_pf = 0;
                 float *Sb = W.S + (int64_t)b4 * 4 * SldS;
-                PA_SFX(pa_qk4)(qg + (int64_t)b4 * 4 * D, D, Kg, ks, W.blo[b4] & ~1, W.bhi[b4],
-                               Sb, Sld, pk, flags, P->dtype, perm);
-                if (i8) pa_i8_scale_pairs(Sb, W.blo[b4] & ~1, W.bhi[b4], Kg + D, row_stride);
+                if (qk8) {
+                    const int64_t qo = (int64_t)gi * Mp + b4 * 4;
+                    PA_SFX(pa_qk4_i8)(W.q8 + qo * D, W.qs + qo, W.qsum + qo, D, &Kg, 1, row_stride,
+                                      W.blo[b4] & ~1, W.bhi[b4], Sb, pk, flags);
+                } else
+                    PA_SFX(pa_qk4)(qg + (int64_t)b4 * 4 * D, D, Kg, ks, W.blo[b4] & ~1, W.bhi[b4],
+                                   Sb, Sld, pk, flags, P->dtype, perm);
+                if (i8 && !qk8) pa_i8_scale_pairs(Sb, W.blo[b4] & ~1, W.bhi[b4], Kg + D, row_stride);
                 float slope4[4], pos4[4];
                 pa_block_bias(P, it, &W, gi, b4, M, tok0, delta, slope4, pos4);
                 PA_SFX(pa_softmax4)(Sb, W.blo[b4] >> 1, (W.bhi[b4] + 1) >> 1, W.vlo + b4 * 4,

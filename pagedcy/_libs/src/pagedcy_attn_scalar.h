@@ -39,6 +39,27 @@ static void pa_qk4_scalar(const float *q, int D, const void *K, int64_t ks, int 
     PA_DISPATCH_DTYPE(dtype, DT, pa_qk4_scalar_t(q, D, K, ks, tlo, thi, S, DT));
 }
 
+/* int8 q.k (pagedcy_attn_types.h): scores of 4 quantized query vectors (q8
+ * rows of D, scales qs) against virtual tokens [v0, v1) of npg pages in
+ * token-major order (token v is row v / npg of page v % npg, rows rs bytes
+ * apart; npg 1: one page), in the pair layout, times the q and K scales. */
+static void pa_qk4_i8_scalar(const int8_t *q8, const float *qs, const int32_t *qsum, int D,
+                             const char *const *K, int npg, int64_t rs, int v0, int v1, float *S,
+                             pa_pfcur *pf, int flags) {
+    (void)qsum; (void)pf; (void)flags;
+    for (int v = v0; v < v1; v++) {
+        const int8_t *k = (const int8_t *)(K[v % npg] + (int64_t)(v / npg) * rs);
+        for (int r = 0; r < 4; r++) {
+            int32_t acc = 0;
+            for (int d = 0; d < D; d++) acc += (int32_t)q8[(int64_t)r * D + d] * k[d];
+            S[pa_pair_idx(r, v)] = qs[r] * pagedcy_i8_scale(k, (size_t)D) * (float)acc;
+        }
+    }
+}
+
+static inline int pa_qk_i8_ok_scalar(int D) { (void)D; return 1; }
+#define pa_quantize_q8_scalar pa_quantize_q8
+
 static inline void pa_pv4_scalar_t(float *O, int D, const float *alpha, const float *P,
                                    const void *V, int64_t vs, int tlo, int thi, int dtype) {
     for (int r = 0; r < 4; r++) {

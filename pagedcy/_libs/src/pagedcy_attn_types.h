@@ -31,7 +31,8 @@ enum pagedcy_attn_tune {
     PA_TUNE_SUPER1 = 8192,        /* decode on head-major pages: one page per softmax/P.V step */
     PA_TUNE_SUPER2 = 16384,       /* ... at most two (default: PA_SUPER_PAGES) */
     PA_TUNE_SUPER_F32 = 32768,    /* ... float32 on the AVX2 and scalar paths too */
-    PA_TUNE_SUPER_PAGE_ORDER = 65536 /* ... AVX-512 reads them page after page, not token-major */
+    PA_TUNE_SUPER_PAGE_ORDER = 65536, /* ... AVX-512 reads them page after page, not token-major */
+    PA_TUNE_NO_VNNI = 131072      /* int8 q.k: no VNNI even where the CPU has it */
 };
 
 typedef struct {
@@ -59,6 +60,7 @@ typedef struct {
     float *lse;                  /* [total_q, H] or NULL */
     int32_t use_simd;            /* PAGEDCY_SIMD_* cap */
     int32_t flags;               /* enum pagedcy_attn_tune bits */
+    int32_t qk_i8;               /* int8 K: integer q.k on queries quantized to int8 (below) */
 } pagedcy_attn_params;
 
 typedef struct {
@@ -137,6 +139,46 @@ static inline void pa_i8_scale_pages(float *S, const char *const *rows, int npg,
     }
 }
 
+/* ---- int8 q.k --------------------------------------------------------------
+ * With int8 K (and pagedcy_attn_params.qk_i8) the decode kernels score with
+ * integer dot products: each pre-scaled query vector q (D floats, already
+ * times the softmax scale) becomes q8 = round(q / s), s = max|q| / 127
+ * (symmetric, one scale per query vector, i.e. per head and row), and
+ *     score(t) = s * k_scale(t) * sum_d q8[d] k8[t][d]
+ * with the int32 sum exact. The only new error is q's rounding,
+ * |q[d] - s q8[d]| <= s/2, so against the float path on the same K
+ *     |score error| <= (s/2) * k_scale(t) * sum_d |k8[t][d]|
+ *                   =  max|q| / 254 * sum_d |k[t][d]|        (k dequantized)
+ * per score, plus float32 rounding; call E the largest over the visible
+ * tokens. Shifting every score by at most E moves each softmax weight by a
+ * factor within [e^-2E, e^2E], so the log-sum-exp moves by at most E and
+ * every output element by at most (e^2E - 1) * max_t |v[t][d]|.
+ * Non-finite query values: NaN quantizes to 0, +-Inf to +-127 (the scale
+ * from the finite values), as pagedcy_quantize_i8_row does for K/V. */
+static inline void pa_quantize_q8(int8_t *q8, float *qs, int32_t *qsum, const float *q, int D) {
+    float amax = 0.0f;
+    for (int d = 0; d < D; d++) {
+        const float a = fabsf(q[d]);
+        amax = a > amax && a <= 3.402823466e38f ? a : amax;
+    }
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32_t sum = 0;
+    /* branch-free, so it vectorizes (it runs once per item and query
+     * vector, ~10% of a short decode item when scalar): Inf * inv clamps to
+     * +-127 (Inf * 0 is NaN), NaN becomes 0, and adding 1.5 * 2^23 rounds
+     * |y| <= 127 to the nearest integer, ties to even, like nearbyintf */
+    for (int d = 0; d < D; d++) {
+        float y = q[d] * inv;
+        y = y == y ? y : 0.0f;
+        y = y > 127.0f ? 127.0f : y < -127.0f ? -127.0f : y;
+        y = (y + 12582912.0f) - 12582912.0f;
+        q8[d] = (int8_t)(int32_t)y;
+        sum += q8[d];
+    }
+    *qs = amax / 127.0f;
+    *qsum = sum;
+}
+
 /* Runs `...` (a statement using the name DT) with DT a compile-time constant
  * equal to `dtype`: the micro-kernels are always_inline templates on the
  * storage dtype, and this is their one run-time switch. */
@@ -155,6 +197,9 @@ typedef struct {
     int64_t *rlo, *rhi;
     int32_t *vlo, *vhi, *blo, *bhi;
     int32_t *vrow, *vhh;         /* query vector -> row, head within group */
+    int8_t *q8;                  /* int8 q.k: the quantized queries [ng][Mp][D], */
+    float *qs;                   /* their scales [ng][Mp] */
+    int32_t *qsum;               /* and the sums of their int8 values [ng][Mp] */
 } pagedcy_attn_ws;
 
 static inline int64_t pa_al16(int64_t n) { return (n + 15) & ~(int64_t)15; }
@@ -200,6 +245,9 @@ static inline int64_t pagedcy_attn_ws_layout(pagedcy_attn_ws *W, float *base, in
     PA_TAKE(bhi, int32_t, Mp);
     PA_TAKE(vrow, int32_t, Mp);
     PA_TAKE(vhh, int32_t, Mp);
+    PA_TAKE(q8, int8_t, ((int64_t)ng * Mp * D + 3) / 4);
+    PA_TAKE(qs, float, (int64_t)ng * Mp);
+    PA_TAKE(qsum, int32_t, (int64_t)ng * Mp);
 #undef PA_TAKE
     return off;
 }
