@@ -1,0 +1,183 @@
+/* out[M, N] = x[M, K] @ W^T for a weight W[N, K] kept in a GGUF block format
+ * (pagedcy_quant.h), sized for decode steps (M of 1 to a few dozen).
+ *
+ * A block of PQL_NR weight rows is decoded PQL_KC elements at a time into a
+ * float32 scratch that stays in L1 (4 x 1024 floats: 16 KiB), and every row of
+ * x passes over it with MR x PQL_NR vector accumulators; so the weight is read
+ * from memory once per call for up to PQL_MB rows of x, and the decoders are
+ * the same ones the prefill GEMM packs through.
+ *
+ * Batch invariance: each output's partial sums live in one vector of lanes
+ * (16 for AVX-512, 8 for AVX2 and plain C), accumulated over k in order, kept
+ * in memory between chunks and reduced by one fixed tree at the end. Nothing
+ * in that order depends on M, the row tile, the weight-row block or the
+ * thread split, so a row of out is bit for bit the same alone as in a batch.
+ */
+#ifndef PAGEDCY_QUANT_LINEAR_H
+#define PAGEDCY_QUANT_LINEAR_H
+
+#include <stdint.h>
+#include <string.h>
+#include "pagedcy_quant.h"
+
+#define PQL_NR 4      /* weight rows decoded together */
+#define PQL_KC 1024   /* elements per chunk (a multiple of every block size) */
+#define PQL_MB 32     /* rows of x per pass over a decoded chunk */
+#define PQL_LANES 16  /* accumulator slots per output (the widest vector) */
+#define PQL_UNROLL _Pragma("GCC unroll 16")
+
+/* Plain C: 8 lanes per output, multiply then add (no FMA: any CPU). */
+static void pql_tile_scalar(int64_t mm, int64_t kn, const float *x, int64_t ldx,
+                            const float *const *w, float *acc) {
+    for (int64_t i = 0; i < mm; i++)
+        for (int j = 0; j < PQL_NR; j++) {
+            float *a = acc + (i * PQL_NR + j) * PQL_LANES;
+            const float *xi = x + i * ldx, *wj = w[j];
+            for (int64_t k = 0; k < kn; k += 8) {
+                const int64_t n = kn - k < 8 ? kn - k : 8;
+                for (int64_t l = 0; l < n; l++) a[l] += xi[k + l] * wj[k + l];
+            }
+        }
+}
+
+#if PQ_HAVE_SIMD
+#define PQL_AVX512_INLINE __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c"), \
+                                         always_inline)) static inline
+#define PQL_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+
+/* MR rows of x against the PQL_NR decoded rows, 16 k at a time (the last step masked). */
+PQL_AVX512_INLINE void pql_z(const int MR, int64_t kn, const float *x, int64_t ldx,
+                             const float *const *w, float *acc) {
+    __m512 a[4][PQL_NR];
+    PQL_UNROLL for (int i = 0; i < MR; i++)
+        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) a[i][j] = _mm512_loadu_ps(acc + (i * PQL_NR + j) * 16);
+    int64_t k = 0;
+    for (; k + 16 <= kn; k += 16) {
+        __m512 xv[4];
+        PQL_UNROLL for (int i = 0; i < MR; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + k);
+        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) {
+            const __m512 wv = _mm512_loadu_ps(w[j] + k);
+            PQL_UNROLL for (int i = 0; i < MR; i++) a[i][j] = _mm512_fmadd_ps(xv[i], wv, a[i][j]);
+        }
+    }
+    if (k < kn) {
+        const __mmask16 m = (__mmask16)((1u << (kn - k)) - 1u);
+        __m512 xv[4];
+        PQL_UNROLL for (int i = 0; i < MR; i++) xv[i] = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
+        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) {
+            const __m512 wv = _mm512_maskz_loadu_ps(m, w[j] + k);
+            PQL_UNROLL for (int i = 0; i < MR; i++) a[i][j] = _mm512_fmadd_ps(xv[i], wv, a[i][j]);
+        }
+    }
+    PQL_UNROLL for (int i = 0; i < MR; i++)
+        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) _mm512_storeu_ps(acc + (i * PQL_NR + j) * 16, a[i][j]);
+}
+
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c")))
+static void pql_tile_avx512(int64_t mm, int64_t kn, const float *x, int64_t ldx,
+                            const float *const *w, float *acc) {
+    int64_t i = 0;
+    for (; i + 4 <= mm; i += 4) pql_z(4, kn, x + i * ldx, ldx, w, acc + i * PQL_NR * PQL_LANES);
+    const float *xi = x + i * ldx;
+    float *ai = acc + i * PQL_NR * PQL_LANES;
+    switch (mm - i) {
+        case 3: pql_z(3, kn, xi, ldx, w, ai); break;
+        case 2: pql_z(2, kn, xi, ldx, w, ai); break;
+        case 1: pql_z(1, kn, xi, ldx, w, ai); break;
+        default: break;
+    }
+}
+
+PQL_AVX2_INLINE __m256i pql_mask8(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* AVX2: 8 lanes, up to 3 rows of x (12 accumulators of the 16 registers). */
+PQL_AVX2_INLINE void pql_y(const int MR, int64_t kn, const float *x, int64_t ldx,
+                           const float *const *w, float *acc) {
+    __m256 a[3][PQL_NR];
+    PQL_UNROLL for (int i = 0; i < MR; i++)
+        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) a[i][j] = _mm256_loadu_ps(acc + (i * PQL_NR + j) * PQL_LANES);
+    int64_t k = 0;
+    for (; k + 8 <= kn; k += 8) {
+        __m256 xv[3];
+        PQL_UNROLL for (int i = 0; i < MR; i++) xv[i] = _mm256_loadu_ps(x + i * ldx + k);
+        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) {
+            const __m256 wv = _mm256_loadu_ps(w[j] + k);
+            PQL_UNROLL for (int i = 0; i < MR; i++) a[i][j] = _mm256_fmadd_ps(xv[i], wv, a[i][j]);
+        }
+    }
+    if (k < kn) {
+        const __m256i m = pql_mask8(kn - k);
+        __m256 xv[3];
+        PQL_UNROLL for (int i = 0; i < MR; i++) xv[i] = _mm256_maskload_ps(x + i * ldx + k, m);
+        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) {
+            const __m256 wv = _mm256_maskload_ps(w[j] + k, m);
+            PQL_UNROLL for (int i = 0; i < MR; i++) a[i][j] = _mm256_fmadd_ps(xv[i], wv, a[i][j]);
+        }
+    }
+    PQL_UNROLL for (int i = 0; i < MR; i++)
+        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) _mm256_storeu_ps(acc + (i * PQL_NR + j) * PQL_LANES, a[i][j]);
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static void pql_tile_avx2(int64_t mm, int64_t kn, const float *x, int64_t ldx,
+                          const float *const *w, float *acc) {
+    int64_t i = 0;
+    for (; i + 3 <= mm; i += 3) pql_y(3, kn, x + i * ldx, ldx, w, acc + i * PQL_NR * PQL_LANES);
+    const float *xi = x + i * ldx;
+    float *ai = acc + i * PQL_NR * PQL_LANES;
+    switch (mm - i) {
+        case 2: pql_y(2, kn, xi, ldx, w, ai); break;
+        case 1: pql_y(1, kn, xi, ldx, w, ai); break;
+        default: break;
+    }
+}
+#endif
+
+/* The fixed reduction tree of one output's 16 lane slots (unused slots hold 0). */
+static inline float pql_hsum(const float *a) {
+    float s[8];
+    for (int l = 0; l < 8; l++) s[l] = a[l] + a[l + 8];
+    for (int l = 0; l < 4; l++) s[l] = s[l] + s[l + 4];
+    return (s[0] + s[2]) + (s[1] + s[3]);
+}
+
+/* Columns [n0, n1) of out = x @ W^T on the calling thread: x float32 [M, K]
+ * (rows ldx apart), W rows of row_bytes bytes in format fmt (decoded at
+ * instruction set simd, which must be what fmt was looked up with), out rows
+ * ldo apart. K is a multiple of fmt->block. */
+static void pagedcy_quant_linear_rows(const pagedcy_rowfmt *fmt, int simd, int64_t M, int64_t n0,
+                                      int64_t n1, int64_t K, const float *x, int64_t ldx,
+                                      const uint8_t *W, int64_t row_bytes, float *out, int64_t ldo) {
+    float scratch[PQL_NR * PQL_KC] __attribute__((aligned(64)));
+    float acc[PQL_MB * PQL_NR * PQL_LANES] __attribute__((aligned(64)));
+    const int level = pagedcy_quant_level(simd);
+    for (int64_t nb = n0; nb < n1; nb += PQL_NR) {
+        const int nr = n1 - nb < PQL_NR ? (int)(n1 - nb) : PQL_NR;
+        /* rows past nr repeat row 0: computed, never stored */
+        const float *w[PQL_NR];
+        for (int j = 0; j < PQL_NR; j++) w[j] = scratch + (j < nr ? j : 0) * PQL_KC;
+        for (int64_t mb = 0; mb < M; mb += PQL_MB) {
+            const int64_t mm = M - mb < PQL_MB ? M - mb : PQL_MB;
+            const float *xb = x + mb * ldx;
+            memset(acc, 0, sizeof(float) * (size_t)(mm * PQL_NR * PQL_LANES));
+            for (int64_t kc = 0; kc < K; kc += PQL_KC) {
+                const int64_t kn = K - kc < PQL_KC ? K - kc : PQL_KC;
+                for (int j = 0; j < nr; j++) fmt->decode(W + (nb + j) * row_bytes, kc, kn, scratch + j * PQL_KC);
+#if PQ_HAVE_SIMD
+                if (level == PAGEDCY_SIMD_AVX512) pql_tile_avx512(mm, kn, xb + kc, ldx, w, acc);
+                else if (level == PAGEDCY_SIMD_AVX2) pql_tile_avx2(mm, kn, xb + kc, ldx, w, acc);
+                else
+#endif
+                pql_tile_scalar(mm, kn, xb + kc, ldx, w, acc);
+            }
+            for (int64_t i = 0; i < mm; i++)
+                for (int j = 0; j < nr; j++)
+                    out[(mb + i) * ldo + nb + j] = pql_hsum(acc + (i * PQL_NR + j) * PQL_LANES);
+        }
+    }
+    (void)level;
+}
+
+#endif
