@@ -50,16 +50,29 @@
 
 #define PQ_INLINE static inline __attribute__((always_inline))
 
+/* An fp16 scale, widened exactly (pagedcy_f16_to_f32's bits, NaN payloads
+ * included) without its normalising loop: subnormals are renormalised by one
+ * exact float subtraction (F. Giesen's method), so a block's scale costs a few
+ * integer operations on every instruction set. */
 PQ_INLINE float pq_half(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
-    return pagedcy_f16_to_f32(h);
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t o = (uint32_t)(h & 0x7fffu) << 13;
+    const uint32_t e = o & 0x0f800000u;
+    o += (uint32_t)(127 - 15) << 23;
+    if (e == 0x0f800000u) o += (uint32_t)(128 - 16) << 23;          /* inf, nan */
+    else if (e == 0) {                                               /* zero, subnormal */
+        o += 1u << 23;
+        o = pagedcy_f32_bits(pagedcy_bits_f32(o) - pagedcy_bits_f32(113u << 23));
+    }
+    return pagedcy_bits_f32(o | sign);
 }
 
 /* ---- one block to float32 (the bodies every instruction set shares) ------- */
 
 /* Q4_0: fp16 d, 16 bytes of nibbles; y[j] = d * (lo(qs[j]) - 8), y[j+16] = d * (hi - 8). */
-PQ_INLINE void pq_blk_q4_0(const uint8_t *b, float *y) {
+PQ_INLINE void pq_blk_q4_0(const uint8_t *restrict b, float *restrict y) {
     const float d = pq_half(b);
     const uint8_t *qs = b + 2;
     for (int j = 0; j < 16; j++) {
@@ -69,7 +82,7 @@ PQ_INLINE void pq_blk_q4_0(const uint8_t *b, float *y) {
 }
 
 /* Q4_1: fp16 d and m, nibbles; y = d * q + m. */
-PQ_INLINE void pq_blk_q4_1(const uint8_t *b, float *y) {
+PQ_INLINE void pq_blk_q4_1(const uint8_t *restrict b, float *restrict y) {
     const float d = pq_half(b), m = pq_half(b + 2);
     const uint8_t *qs = b + 4;
     for (int j = 0; j < 16; j++) {
@@ -79,7 +92,7 @@ PQ_INLINE void pq_blk_q4_1(const uint8_t *b, float *y) {
 }
 
 /* Q5_0: fp16 d, 32 high bits (little-endian uint32, bit j for element j), nibbles. */
-PQ_INLINE void pq_blk_q5_0(const uint8_t *b, float *y) {
+PQ_INLINE void pq_blk_q5_0(const uint8_t *restrict b, float *restrict y) {
     const float d = pq_half(b);
     uint32_t qh;
     memcpy(&qh, b + 2, 4);
@@ -93,7 +106,7 @@ PQ_INLINE void pq_blk_q5_0(const uint8_t *b, float *y) {
 }
 
 /* Q5_1: fp16 d and m, high bits, nibbles; y = d * q + m. */
-PQ_INLINE void pq_blk_q5_1(const uint8_t *b, float *y) {
+PQ_INLINE void pq_blk_q5_1(const uint8_t *restrict b, float *restrict y) {
     const float d = pq_half(b), m = pq_half(b + 2);
     uint32_t qh;
     memcpy(&qh, b + 4, 4);
@@ -107,7 +120,7 @@ PQ_INLINE void pq_blk_q5_1(const uint8_t *b, float *y) {
 }
 
 /* Q8_0: fp16 d, 32 int8. */
-PQ_INLINE void pq_blk_q8_0(const uint8_t *b, float *y) {
+PQ_INLINE void pq_blk_q8_0(const uint8_t *restrict b, float *restrict y) {
     const float d = pq_half(b);
     const int8_t *qs = (const int8_t *)(b + 2);
     for (int j = 0; j < 32; j++) y[j] = (float)qs[j] * d;
@@ -127,7 +140,7 @@ PQ_INLINE void pq_scale_min_k4(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
 /* Q4_K: fp16 d, dmin, 12 scale bytes, 128 bytes of nibbles. Sub-block b (32
  * elements) reads byte (b/2)*32 + j, low nibble for even b;
  * y = (d * sc) * q - dmin * m, as gguf-py and ggml order it. */
-PQ_INLINE void pq_blk_q4_k(const uint8_t *b, float *y) {
+PQ_INLINE void pq_blk_q4_k(const uint8_t *restrict b, float *restrict y) {
     const float d = pq_half(b), dmin = pq_half(b + 2);
     uint8_t sc[8], mn[8];
     pq_scale_min_k4(b + 4, sc, mn);
@@ -146,7 +159,7 @@ PQ_INLINE void pq_blk_q4_k(const uint8_t *b, float *y) {
 
 /* Q5_K: as Q4_K with 32 bytes of high bits between the scales and the nibbles:
  * bit b of qh[j] is the fifth bit of element b*32 + j. */
-PQ_INLINE void pq_blk_q5_k(const uint8_t *b, float *y) {
+PQ_INLINE void pq_blk_q5_k(const uint8_t *restrict b, float *restrict y) {
     const float d = pq_half(b), dmin = pq_half(b + 2);
     uint8_t sc[8], mn[8];
     pq_scale_min_k4(b + 4, sc, mn);
@@ -169,7 +182,7 @@ PQ_INLINE void pq_blk_q5_k(const uint8_t *b, float *y) {
  * per 16 elements), fp16 d last. Half h (128 elements), quarter s: element
  * h*128 + s*32 + j takes nibble s/2 of ql[h*64 + (s&1)*32 + j] and bits 2s of
  * qh[h*32 + j]; y = (d * sc) * (q - 32). */
-PQ_INLINE void pq_blk_q6_k(const uint8_t *b, float *y) {
+PQ_INLINE void pq_blk_q6_k(const uint8_t *restrict b, float *restrict y) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
     const float d = pq_half(b + 208);
@@ -221,9 +234,6 @@ static void pq_row_f32(const void *row, int64_t k0, int64_t nk, float *dst) {
     PQ_BLOCK_DECODER(pq_row_q4_k_##SUF, pq_blk_q4_k, PQ_QK_K, 144, ATTR)                      \
     PQ_BLOCK_DECODER(pq_row_q5_k_##SUF, pq_blk_q5_k, PQ_QK_K, 176, ATTR)                      \
     PQ_BLOCK_DECODER(pq_row_q6_k_##SUF, pq_blk_q6_k, PQ_QK_K, 210, ATTR)                      \
-    ATTR static void pq_row_f16_##SUF(const void *r, int64_t k0, int64_t nk, float *d) {      \
-        pq_row_f16(r, k0, nk, d);                                                             \
-    }                                                                                         \
     ATTR static void pq_row_bf16_##SUF(const void *r, int64_t k0, int64_t nk, float *d) {     \
         pq_row_bf16(r, k0, nk, d);                                                            \
     }                                                                                         \
@@ -234,13 +244,72 @@ static void pq_row_f32(const void *row, int64_t k0, int64_t nk, float *dst) {
         {pq_row_q8_0_##SUF, PQ_QK, 34}, {pq_row_q4_k_##SUF, PQ_QK_K, 144},                    \
         {pq_row_q5_k_##SUF, PQ_QK_K, 176}, {pq_row_q6_k_##SUF, PQ_QK_K, 210}};
 
+static void pq_row_f16_scalar(const void *r, int64_t k0, int64_t nk, float *d) { pq_row_f16(r, k0, nk, d); }
 PQ_STAMP(scalar, )
 #if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
 #define PQ_HAVE_SIMD 1
 #define PQ_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define PQ_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c")))
-PQ_STAMP(avx2, PQ_AVX2)
-PQ_STAMP(avx512, PQ_AVX512)
+#define PQ_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c,prefer-vector-width=512")))
+/* F16 rows: F16C's conversion (exact, as the scalar one) */
+PQ_AVX2 static void pq_row_f16_avx2(const void *r, int64_t k0, int64_t nk, float *d) {
+    const uint8_t *p = (const uint8_t *)r + 2 * k0;
+    int64_t i = 0;
+    for (; i + 8 <= nk; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i))));
+    pq_row_f16(p + 2 * i, 0, nk - i, d + i);
+}
+PQ_AVX512 static void pq_row_f16_avx512(const void *r, int64_t k0, int64_t nk, float *d) {
+    const uint8_t *p = (const uint8_t *)r + 2 * k0;
+    int64_t i = 0;
+    for (; i + 16 <= nk; i += 16)
+        _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * i))));
+    pq_row_f16(p + 2 * i, 0, nk - i, d + i);
+}
+/* AVX2: 16 bytes -> two 8-lane vectors */
+#define PQS(name) pq_##name##_avx2
+#define PQS_ATTR PQ_AVX2
+#define PQS_EMIT16(y, bytes, off, d, m, mode) do {                                            \
+        const __m128i b_ = (bytes);                                                           \
+        const __m256 d_ = _mm256_set1_ps(d), m_ = _mm256_set1_ps(m);                          \
+        const __m256i o_ = _mm256_set1_epi32(off);                                            \
+        __m256 f0_ = _mm256_mul_ps(d_, _mm256_cvtepi32_ps(_mm256_sub_epi32(                   \
+                                   _mm256_cvtepu8_epi32(b_), o_)));                           \
+        __m256 f1_ = _mm256_mul_ps(d_, _mm256_cvtepi32_ps(_mm256_sub_epi32(                   \
+                                   _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(b_, b_)), o_)));   \
+        if ((mode) == 1) { f0_ = _mm256_add_ps(f0_, m_); f1_ = _mm256_add_ps(f1_, m_); }      \
+        else if ((mode) == 2) { f0_ = _mm256_sub_ps(f0_, m_); f1_ = _mm256_sub_ps(f1_, m_); } \
+        _mm256_storeu_ps(y, f0_);                                                             \
+        _mm256_storeu_ps((y) + 8, f1_);                                                       \
+    } while (0)
+#define PQS_EMIT16S(y, bytes, d) do {                                                         \
+        const __m128i b_ = (bytes);                                                           \
+        const __m256 d_ = _mm256_set1_ps(d);                                                  \
+        _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b_)), d_)); \
+        _mm256_storeu_ps((y) + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(                           \
+                         _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b_, b_))), d_));             \
+    } while (0)
+#include "pagedcy_quant_simd.h"
+#undef PQS
+#undef PQS_ATTR
+#undef PQS_EMIT16
+#undef PQS_EMIT16S
+
+/* AVX-512: 16 bytes -> one 16-lane vector */
+#define PQS(name) pq_##name##_avx512
+#define PQS_ATTR PQ_AVX512
+#define PQS_EMIT16(y, bytes, off, d, m, mode) do {                                            \
+        __m512 f_ = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_sub_epi32(     \
+                                  _mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(off))));     \
+        if ((mode) == 1) f_ = _mm512_add_ps(f_, _mm512_set1_ps(m));                           \
+        else if ((mode) == 2) f_ = _mm512_sub_ps(f_, _mm512_set1_ps(m));                      \
+        _mm512_storeu_ps(y, f_);                                                              \
+    } while (0)
+#define PQS_EMIT16S(y, bytes, d)                                                              \
+    _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), _mm512_set1_ps(d)))
+#include "pagedcy_quant_simd.h"
+#undef PQS
+#undef PQS_ATTR
+#undef PQS_EMIT16
+#undef PQS_EMIT16S
 #else
 #define PQ_HAVE_SIMD 0
 #endif

@@ -150,21 +150,29 @@ static inline float pql_hsum(const float *a) {
 static void pagedcy_quant_linear_rows(const pagedcy_rowfmt *fmt, int simd, int64_t M, int64_t n0,
                                       int64_t n1, int64_t K, const float *x, int64_t ldx,
                                       const uint8_t *W, int64_t row_bytes, float *out, int64_t ldo) {
+    /* rows past nr (the last block's) repeat row 0: computed, never stored */
     float scratch[PQL_NR * PQL_KC] __attribute__((aligned(64)));
     float acc[PQL_MB * PQL_NR * PQL_LANES] __attribute__((aligned(64)));
     const int level = pagedcy_quant_level(simd);
     for (int64_t nb = n0; nb < n1; nb += PQL_NR) {
         const int nr = n1 - nb < PQL_NR ? (int)(n1 - nb) : PQL_NR;
-        /* rows past nr repeat row 0: computed, never stored */
         const float *w[PQL_NR];
-        for (int j = 0; j < PQL_NR; j++) w[j] = scratch + (j < nr ? j : 0) * PQL_KC;
+        /* F32 rows are used in place (no decode) */
+        const int direct = fmt->block == 1 && fmt->block_bytes == 4;
         for (int64_t mb = 0; mb < M; mb += PQL_MB) {
             const int64_t mm = M - mb < PQL_MB ? M - mb : PQL_MB;
             const float *xb = x + mb * ldx;
             memset(acc, 0, sizeof(float) * (size_t)(mm * PQL_NR * PQL_LANES));
             for (int64_t kc = 0; kc < K; kc += PQL_KC) {
                 const int64_t kn = K - kc < PQL_KC ? K - kc : PQL_KC;
-                for (int j = 0; j < nr; j++) fmt->decode(W + (nb + j) * row_bytes, kc, kn, scratch + j * PQL_KC);
+                for (int j = 0; j < PQL_NR; j++) {
+                    const int64_t r = nb + (j < nr ? j : 0);
+                    if (direct) w[j] = (const float *)(W + r * row_bytes) + kc;
+                    else {
+                        w[j] = scratch + (j < nr ? j : 0) * PQL_KC;
+                        if (j < nr) fmt->decode(W + r * row_bytes, kc, kn, scratch + j * PQL_KC);
+                    }
+                }
 #if PQ_HAVE_SIMD
                 if (level == PAGEDCY_SIMD_AVX512) pql_tile_avx512(mm, kn, xb + kc, ldx, w, acc);
                 else if (level == PAGEDCY_SIMD_AVX2) pql_tile_avx2(mm, kn, xb + kc, ldx, w, acc);
