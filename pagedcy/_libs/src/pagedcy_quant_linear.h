@@ -25,6 +25,10 @@
 #define PQL_MB 32     /* rows of x per pass over a decoded chunk */
 #define PQL_LANES 16  /* accumulator slots per output (the widest vector) */
 #define PQL_UNROLL _Pragma("GCC unroll 16")
+/* Software prefetch: the weight rows PQL_PF_BLOCKS blocks ahead go toward L2
+ * while this block decodes (its rows are read in chunk-interleaved order,
+ * which the hardware prefetchers follow poorly; cf. pagedcy_gemm.h). */
+#define PQL_PF_BLOCKS 4
 
 /* Plain C: 8 lanes per output, multiply then add (no FMA: any CPU). */
 static void pql_tile_scalar(int64_t mm, int64_t kn, const float *x, int64_t ldx,
@@ -159,12 +163,23 @@ static void pagedcy_quant_linear_rows(const pagedcy_rowfmt *fmt, int simd, int64
         const float *w[PQL_NR];
         /* F32 rows are used in place (no decode) */
         const int direct = fmt->block == 1 && fmt->block_bytes == 4;
+        const char *pf = NULL, *pf_end = NULL;
+        const int64_t ahead = nb + PQL_PF_BLOCKS * PQL_NR;
+        if (ahead < n1) {
+            pf = (const char *)(W + ahead * row_bytes);
+            pf_end = (const char *)(W + (ahead + PQL_NR < n1 ? ahead + PQL_NR : n1) * row_bytes);
+        }
+        const int64_t nchunks = (K + PQL_KC - 1) / PQL_KC;
+        const int64_t pf_step = ((pf_end - pf + nchunks - 1) / nchunks + 63) & ~(int64_t)63;
         for (int64_t mb = 0; mb < M; mb += PQL_MB) {
             const int64_t mm = M - mb < PQL_MB ? M - mb : PQL_MB;
             const float *xb = x + mb * ldx;
             memset(acc, 0, sizeof(float) * (size_t)(mm * PQL_NR * PQL_LANES));
             for (int64_t kc = 0; kc < K; kc += PQL_KC) {
                 const int64_t kn = K - kc < PQL_KC ? K - kc : PQL_KC;
+                for (int64_t p = 0; pf && mb == 0 && p < pf_step && pf + p < pf_end; p += 64)
+                    __builtin_prefetch(pf + p, 0, 2);
+                if (pf && mb == 0) pf += pf_step;
                 for (int j = 0; j < PQL_NR; j++) {
                     const int64_t r = nb + (j < nr ? j : 0);
                     if (direct) w[j] = (const float *)(W + r * row_bytes) + kc;
