@@ -91,32 +91,31 @@ PQ_INLINE void pq_blk_q4_1(const uint8_t *restrict b, float *restrict y) {
     }
 }
 
-/* Q5_0: fp16 d, 32 high bits (little-endian uint32, bit j for element j), nibbles. */
-PQ_INLINE void pq_blk_q5_0(const uint8_t *restrict b, float *restrict y) {
-    const float d = pq_half(b);
+/* The 32 five-bit quants of a Q5_0 / Q5_1 block: 32 high bits (little-endian
+ * uint32 at qh, bit j for element j) over 16 bytes of nibbles at qs. */
+PQ_INLINE void pq_q5_quants(const uint8_t *restrict qh_bytes, const uint8_t *restrict qs, int *restrict q) {
     uint32_t qh;
-    memcpy(&qh, b + 2, 4);
-    const uint8_t *qs = b + 6;
+    memcpy(&qh, qh_bytes, 4);
     for (int j = 0; j < 16; j++) {
-        const int lo = (qs[j] & 0xF) | (int)(((qh >> j) & 1u) << 4);
-        const int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
-        y[j] = d * (float)(lo - 16);
-        y[j + 16] = d * (float)(hi - 16);
+        q[j] = (qs[j] & 0xF) | (int)(((qh >> j) & 1u) << 4);
+        q[j + 16] = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
     }
 }
 
-/* Q5_1: fp16 d and m, high bits, nibbles; y = d * q + m. */
+/* Q5_0: fp16 d, the high bits, nibbles; y = d * (q - 16). */
+PQ_INLINE void pq_blk_q5_0(const uint8_t *restrict b, float *restrict y) {
+    const float d = pq_half(b);
+    int q[32];
+    pq_q5_quants(b + 2, b + 6, q);
+    for (int j = 0; j < 32; j++) y[j] = d * (float)(q[j] - 16);
+}
+
+/* Q5_1: fp16 d and m, the high bits, nibbles; y = d * q + m. */
 PQ_INLINE void pq_blk_q5_1(const uint8_t *restrict b, float *restrict y) {
     const float d = pq_half(b), m = pq_half(b + 2);
-    uint32_t qh;
-    memcpy(&qh, b + 4, 4);
-    const uint8_t *qs = b + 8;
-    for (int j = 0; j < 16; j++) {
-        const int lo = (qs[j] & 0xF) | (int)(((qh >> j) & 1u) << 4);
-        const int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
-        y[j] = d * (float)lo + m;
-        y[j + 16] = d * (float)hi + m;
-    }
+    int q[32];
+    pq_q5_quants(b + 4, b + 8, q);
+    for (int j = 0; j < 32; j++) y[j] = d * (float)q[j] + m;
 }
 
 /* Q8_0: fp16 d, 32 int8. */

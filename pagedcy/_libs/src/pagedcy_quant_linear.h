@@ -45,98 +45,69 @@ static void pql_tile_scalar(int64_t mm, int64_t kn, const float *x, int64_t ldx,
 }
 
 #if PQ_HAVE_SIMD
-#define PQL_AVX512_INLINE __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c"), \
-                                         always_inline)) static inline
-#define PQL_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+/* One k step of the MR x PQL_NR tile: MR vectors of x, each decoded row once. */
+#define PQL_STEP(VEC, MR, LOAD, FMA) do {                                                     \
+        VEC xv_[4];                                                                           \
+        PQL_UNROLL for (int i = 0; i < MR; i++) xv_[i] = LOAD(x + i * ldx + k);               \
+        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) {                                         \
+            const VEC wv_ = LOAD(w[j] + k);                                                   \
+            PQL_UNROLL for (int i = 0; i < MR; i++) a[i][j] = FMA(xv_[i], wv_, a[i][j]);      \
+        }                                                                                     \
+    } while (0)
 
-/* MR rows of x against the PQL_NR decoded rows, 16 k at a time (the last step masked). */
-PQL_AVX512_INLINE void pql_z(const int MR, int64_t kn, const float *x, int64_t ldx,
-                             const float *const *w, float *acc) {
-    __m512 a[4][PQL_NR];
-    PQL_UNROLL for (int i = 0; i < MR; i++)
-        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) a[i][j] = _mm512_loadu_ps(acc + (i * PQL_NR + j) * 16);
-    int64_t k = 0;
-    for (; k + 16 <= kn; k += 16) {
-        __m512 xv[4];
-        PQL_UNROLL for (int i = 0; i < MR; i++) xv[i] = _mm512_loadu_ps(x + i * ldx + k);
-        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) {
-            const __m512 wv = _mm512_loadu_ps(w[j] + k);
-            PQL_UNROLL for (int i = 0; i < MR; i++) a[i][j] = _mm512_fmadd_ps(xv[i], wv, a[i][j]);
-        }
+/* NAME(MR, ...): MR (<= 4) rows of x against the decoded rows, V k at a time, the
+ * last step's loads masked (MASK: the mask of its n elements, read by MLOAD as m_);
+ * TILE: every row of a chunk in tiles of MRMAX rows. */
+#define PQL_KERNEL(NAME, TILE, MRMAX, TARGET, VEC, V, LOADU, STOREU, FMA, MASK_T, MASK, MLOAD)  \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME(                   \
+        const int MR, int64_t kn, const float *x, int64_t ldx, const float *const *w,         \
+        float *acc) {                                                                         \
+        VEC a[4][PQL_NR];                                                                     \
+        PQL_UNROLL for (int i = 0; i < MR; i++)                                               \
+            PQL_UNROLL for (int j = 0; j < PQL_NR; j++)                                       \
+                a[i][j] = LOADU(acc + (i * PQL_NR + j) * PQL_LANES);                          \
+        int64_t k = 0;                                                                        \
+        for (; k + V <= kn; k += V) PQL_STEP(VEC, MR, LOADU, FMA);                            \
+        if (k < kn) {                                                                         \
+            const MASK_T m_ = MASK(kn - k);                                                   \
+            PQL_STEP(VEC, MR, MLOAD, FMA);                                                    \
+        }                                                                                     \
+        PQL_UNROLL for (int i = 0; i < MR; i++)                                               \
+            PQL_UNROLL for (int j = 0; j < PQL_NR; j++)                                       \
+                STOREU(acc + (i * PQL_NR + j) * PQL_LANES, a[i][j]);                          \
+    }                                                                                         \
+    __attribute__((target(TARGET))) static void TILE(int64_t mm, int64_t kn, const float *x,  \
+                                                     int64_t ldx, const float *const *w,      \
+                                                     float *acc) {                            \
+        int64_t i = 0;                                                                        \
+        for (; i + MRMAX <= mm; i += MRMAX)                                                   \
+            NAME(MRMAX, kn, x + i * ldx, ldx, w, acc + i * PQL_NR * PQL_LANES);               \
+        const float *xi = x + i * ldx;                                                        \
+        float *ai = acc + i * PQL_NR * PQL_LANES;                                             \
+        switch (mm - i) {                                                                     \
+            case 3: NAME(3, kn, xi, ldx, w, ai); break;                                       \
+            case 2: NAME(2, kn, xi, ldx, w, ai); break;                                       \
+            case 1: NAME(1, kn, xi, ldx, w, ai); break;                                       \
+            default: break;                                                                   \
+        }                                                                                     \
     }
-    if (k < kn) {
-        const __mmask16 m = (__mmask16)((1u << (kn - k)) - 1u);
-        __m512 xv[4];
-        PQL_UNROLL for (int i = 0; i < MR; i++) xv[i] = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
-        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) {
-            const __m512 wv = _mm512_maskz_loadu_ps(m, w[j] + k);
-            PQL_UNROLL for (int i = 0; i < MR; i++) a[i][j] = _mm512_fmadd_ps(xv[i], wv, a[i][j]);
-        }
-    }
-    PQL_UNROLL for (int i = 0; i < MR; i++)
-        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) _mm512_storeu_ps(acc + (i * PQL_NR + j) * 16, a[i][j]);
+
+#define PQL_Z_TARGET "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c"
+#define PQL_Y_TARGET "avx2,fma,f16c"
+__attribute__((target(PQL_Z_TARGET), always_inline)) static inline __mmask16 pql_mask16(int64_t n) {
+    return (__mmask16)((1u << n) - 1u);
 }
-
-__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c")))
-static void pql_tile_avx512(int64_t mm, int64_t kn, const float *x, int64_t ldx,
-                            const float *const *w, float *acc) {
-    int64_t i = 0;
-    for (; i + 4 <= mm; i += 4) pql_z(4, kn, x + i * ldx, ldx, w, acc + i * PQL_NR * PQL_LANES);
-    const float *xi = x + i * ldx;
-    float *ai = acc + i * PQL_NR * PQL_LANES;
-    switch (mm - i) {
-        case 3: pql_z(3, kn, xi, ldx, w, ai); break;
-        case 2: pql_z(2, kn, xi, ldx, w, ai); break;
-        case 1: pql_z(1, kn, xi, ldx, w, ai); break;
-        default: break;
-    }
-}
-
-PQL_AVX2_INLINE __m256i pql_mask8(int64_t n) {
+__attribute__((target(PQL_Y_TARGET), always_inline)) static inline __m256i pql_mask8(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
-
+#define PQL_ZLOAD(p) _mm512_maskz_loadu_ps(m_, p)
+#define PQL_YLOAD(p) _mm256_maskload_ps(p, m_)
+/* AVX-512: 16 lanes, up to 4 rows of x (16 accumulators of the 32 registers). */
+PQL_KERNEL(pql_z, pql_tile_avx512, 4, PQL_Z_TARGET, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps,
+           _mm512_fmadd_ps, __mmask16, pql_mask16, PQL_ZLOAD)
 /* AVX2: 8 lanes, up to 3 rows of x (12 accumulators of the 16 registers). */
-PQL_AVX2_INLINE void pql_y(const int MR, int64_t kn, const float *x, int64_t ldx,
-                           const float *const *w, float *acc) {
-    __m256 a[3][PQL_NR];
-    PQL_UNROLL for (int i = 0; i < MR; i++)
-        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) a[i][j] = _mm256_loadu_ps(acc + (i * PQL_NR + j) * PQL_LANES);
-    int64_t k = 0;
-    for (; k + 8 <= kn; k += 8) {
-        __m256 xv[3];
-        PQL_UNROLL for (int i = 0; i < MR; i++) xv[i] = _mm256_loadu_ps(x + i * ldx + k);
-        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) {
-            const __m256 wv = _mm256_loadu_ps(w[j] + k);
-            PQL_UNROLL for (int i = 0; i < MR; i++) a[i][j] = _mm256_fmadd_ps(xv[i], wv, a[i][j]);
-        }
-    }
-    if (k < kn) {
-        const __m256i m = pql_mask8(kn - k);
-        __m256 xv[3];
-        PQL_UNROLL for (int i = 0; i < MR; i++) xv[i] = _mm256_maskload_ps(x + i * ldx + k, m);
-        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) {
-            const __m256 wv = _mm256_maskload_ps(w[j] + k, m);
-            PQL_UNROLL for (int i = 0; i < MR; i++) a[i][j] = _mm256_fmadd_ps(xv[i], wv, a[i][j]);
-        }
-    }
-    PQL_UNROLL for (int i = 0; i < MR; i++)
-        PQL_UNROLL for (int j = 0; j < PQL_NR; j++) _mm256_storeu_ps(acc + (i * PQL_NR + j) * PQL_LANES, a[i][j]);
-}
-
-__attribute__((target("avx2,fma,f16c")))
-static void pql_tile_avx2(int64_t mm, int64_t kn, const float *x, int64_t ldx,
-                          const float *const *w, float *acc) {
-    int64_t i = 0;
-    for (; i + 3 <= mm; i += 3) pql_y(3, kn, x + i * ldx, ldx, w, acc + i * PQL_NR * PQL_LANES);
-    const float *xi = x + i * ldx;
-    float *ai = acc + i * PQL_NR * PQL_LANES;
-    switch (mm - i) {
-        case 2: pql_y(2, kn, xi, ldx, w, ai); break;
-        case 1: pql_y(1, kn, xi, ldx, w, ai); break;
-        default: break;
-    }
-}
+PQL_KERNEL(pql_y, pql_tile_avx2, 3, PQL_Y_TARGET, __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps,
+           _mm256_fmadd_ps, __m256i, pql_mask8, PQL_YLOAD)
 #endif
 
 /* The fixed reduction tree of one output's 16 lane slots (unused slots hold 0). */
