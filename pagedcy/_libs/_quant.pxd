@@ -17,6 +17,6 @@ cdef extern from "pagedcy_quant.h" nogil:
     int pagedcy_quantize_blocks(int ggml_type, const float *x, int64_t nblocks, uint8_t *out)
 
 cdef extern from "pagedcy_quant_linear.h" nogil:
-    void pagedcy_quant_linear_rows(const pagedcy_rowfmt *fmt, int simd, int64_t M, int64_t n0,
+    void pagedcy_quant_linear_rows(int ggml_type, int simd, int64_t M, int64_t n0,
                                    int64_t n1, int64_t K, const float *x, int64_t ldx,
                                    const uint8_t *W, int64_t row_bytes, float *out, int64_t ldo)

@@ -178,8 +178,8 @@ def quantize(x, ggml_type, num_threads=None):
     return out
 
 
-cdef int _linear(const pagedcy_rowfmt *fmt, int simd, cnp.ndarray x, cnp.ndarray w,
-                 cnp.ndarray out, int nt) except -1:
+cdef int _linear(int ggml_type, int simd, cnp.ndarray x, cnp.ndarray w, cnp.ndarray out,
+                 int nt) except -1:
     cdef int64_t M = x.shape[0], K = x.shape[1], N = w.shape[0], row_bytes = w.shape[1]
     cdef int64_t blocks = (N + _ROW_ALIGN - 1) // _ROW_ALIGN
     cdef const float *xp = <const float *>cnp.PyArray_DATA(x)
@@ -193,10 +193,10 @@ cdef int _linear(const pagedcy_rowfmt *fmt, int simd, cnp.ndarray x, cnp.ndarray
         return 0
     if nt == 1:
         with nogil:
-            pagedcy_quant_linear_rows(fmt, simd, M, 0, N, K, xp, K, wp, row_bytes, op, N)
+            pagedcy_quant_linear_rows(ggml_type, simd, M, 0, N, K, xp, K, wp, row_bytes, op, N)
         return 0
     for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
-        pagedcy_quant_linear_rows(fmt, simd, M, _ROW_ALIGN * (blocks * t // nt),
+        pagedcy_quant_linear_rows(ggml_type, simd, M, _ROW_ALIGN * (blocks * t // nt),
                                   min(N, _ROW_ALIGN * (blocks * (t + 1) // nt)), K, xp, K, wp,
                                   row_bytes, op, N)
     return 0
@@ -235,5 +235,5 @@ def _linear_tuned(x, raw, ggml_type, out, num_threads=None, max_simd=2):
     cdef int64_t M = xa.shape[0], N = wa.shape[0]
     cdef int nt = _threads(num_threads, <double>cnp.PyArray_NBYTES(wa), <double>M * N * K,
                            (N + _ROW_ALIGN - 1) // _ROW_ALIGN)
-    _linear(fmt, simd, xa, wa, oa, nt)
+    _linear(int_arg(ggml_type, "ggml_type"), simd, xa, wa, oa, nt)
     return out

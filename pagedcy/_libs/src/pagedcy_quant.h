@@ -50,6 +50,11 @@
 
 #define PQ_INLINE static inline __attribute__((always_inline))
 
+/* Row dot products (pagedcy_quant_simd.h with PQS_DOT), four rows at a time:
+ * acc[16 r + l] += x[0 .. nk) * rows[r][0 .. nk), lane-wise (l) in 16-
+ * (AVX-512) or 8-element (AVX2) steps; nk a multiple of the block. */
+typedef void (*pq_row_dot_fn)(const uint8_t *const *rows, int64_t nk, const float *x, float *acc);
+
 /* An fp16 scale, widened exactly (pagedcy_f16_to_f32's bits, NaN payloads
  * included) without its normalising loop: subnormals are renormalised by one
  * exact float subtraction (F. Giesen's method), so a block's scale costs a few
@@ -126,14 +131,21 @@ PQ_INLINE void pq_blk_q8_0(const uint8_t *restrict b, float *restrict y) {
 }
 
 /* The K-quants' 6-bit sub-scales and mins, 8 of each in 12 bytes (ggml's
- * get_scale_min_k4). */
+ * get_scale_min_k4), four bytes at a time in 32-bit words: sc[j] = s[j] & 63,
+ * mn[j] = s[j+4] & 63, sc[j+4] = (s[j+8] & 15) | (s[j] >> 6) << 4,
+ * mn[j+4] = (s[j+8] >> 4) | (s[j+4] >> 6) << 4 for j < 4. */
 PQ_INLINE void pq_scale_min_k4(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 63;
-        mn[j] = s[j + 4] & 63;
-        sc[j + 4] = (uint8_t)((s[j + 8] & 0xF) | ((s[j] >> 6) << 4));
-        mn[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
-    }
+    uint32_t w0, w1, w2;
+    memcpy(&w0, s, 4);
+    memcpy(&w1, s + 4, 4);
+    memcpy(&w2, s + 8, 4);
+    const uint32_t sc_lo = w0 & 0x3F3F3F3Fu, mn_lo = w1 & 0x3F3F3F3Fu;
+    const uint32_t sc_hi = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+    const uint32_t mn_hi = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+    memcpy(sc, &sc_lo, 4);
+    memcpy(sc + 4, &sc_hi, 4);
+    memcpy(mn, &mn_lo, 4);
+    memcpy(mn + 4, &mn_hi, 4);
 }
 
 /* Q4_K: fp16 d, dmin, 12 scale bytes, 128 bytes of nibbles. Sub-block b (32
@@ -263,10 +275,13 @@ PQ_AVX512 static void pq_row_f16_avx512(const void *r, int64_t k0, int64_t nk, f
         _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * i))));
     pq_row_f16(p + 2 * i, 0, nk - i, d + i);
 }
+#define PQS_YT float *
+#define PQS_EXTRA
+
 /* AVX2: 16 bytes -> two 8-lane vectors */
 #define PQS(name) pq_##name##_avx2
 #define PQS_ATTR PQ_AVX2
-#define PQS_EMIT16(y, bytes, off, d, m, mode) do {                                            \
+#define PQS_EMIT16_Y(y, bytes, off, d, m, mode) do {                                            \
         const __m128i b_ = (bytes);                                                           \
         const __m256 d_ = _mm256_set1_ps(d), m_ = _mm256_set1_ps(m);                          \
         const __m256i o_ = _mm256_set1_epi32(off);                                            \
@@ -279,13 +294,15 @@ PQ_AVX512 static void pq_row_f16_avx512(const void *r, int64_t k0, int64_t nk, f
         _mm256_storeu_ps(y, f0_);                                                             \
         _mm256_storeu_ps((y) + 8, f1_);                                                       \
     } while (0)
-#define PQS_EMIT16S(y, bytes, d) do {                                                         \
+#define PQS_EMIT16S_Y(y, bytes, d) do {                                                         \
         const __m128i b_ = (bytes);                                                           \
         const __m256 d_ = _mm256_set1_ps(d);                                                  \
         _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b_)), d_)); \
         _mm256_storeu_ps((y) + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(                           \
                          _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b_, b_))), d_));             \
     } while (0)
+#define PQS_EMIT16 PQS_EMIT16_Y
+#define PQS_EMIT16S PQS_EMIT16S_Y
 #include "pagedcy_quant_simd.h"
 #undef PQS
 #undef PQS_ATTR
@@ -309,6 +326,67 @@ PQ_AVX512 static void pq_row_f16_avx512(const void *r, int64_t k0, int64_t nk, f
 #undef PQS_ATTR
 #undef PQS_EMIT16
 #undef PQS_EMIT16S
+#undef PQS_YT
+#undef PQS_EXTRA
+
+/* The dot-product copies: PQS_EMIT16 accumulates x * w instead of storing w. */
+#define PQS_DOT 1
+#define PQS_YT const float *
+#define PQS(name) pq_##name##_dot_avx2
+#define PQS_ATTR PQ_AVX2
+#define PQS_VEC __m256
+#define PQS_EXTRA , __m256 *acc
+#define PQS_LOADACC(p) _mm256_loadu_ps(p)
+#define PQS_STOREACC(p, a) _mm256_storeu_ps(p, a)
+#define PQS_EMIT16(y, bytes, off, d, m, mode) do {                                            \
+        float w_[16] __attribute__((aligned(32)));                                            \
+        PQS_EMIT16_Y(w_, bytes, off, d, m, mode);                                             \
+        *acc = _mm256_fmadd_ps(_mm256_loadu_ps(y), _mm256_load_ps(w_), *acc);                 \
+        *acc = _mm256_fmadd_ps(_mm256_loadu_ps((y) + 8), _mm256_load_ps(w_ + 8), *acc);       \
+    } while (0)
+#define PQS_EMIT16S(y, bytes, d) do {                                                         \
+        float w_[16] __attribute__((aligned(32)));                                            \
+        PQS_EMIT16S_Y(w_, bytes, d);                                                          \
+        *acc = _mm256_fmadd_ps(_mm256_loadu_ps(y), _mm256_load_ps(w_), *acc);                 \
+        *acc = _mm256_fmadd_ps(_mm256_loadu_ps((y) + 8), _mm256_load_ps(w_ + 8), *acc);       \
+    } while (0)
+#include "pagedcy_quant_simd.h"
+#undef PQS
+#undef PQS_ATTR
+#undef PQS_VEC
+#undef PQS_EXTRA
+#undef PQS_LOADACC
+#undef PQS_STOREACC
+#undef PQS_EMIT16
+#undef PQS_EMIT16S
+
+#define PQS(name) pq_##name##_dot_avx512
+#define PQS_ATTR PQ_AVX512
+#define PQS_VEC __m512
+#define PQS_EXTRA , __m512 *acc
+#define PQS_LOADACC(p) _mm512_loadu_ps(p)
+#define PQS_STOREACC(p, a) _mm512_storeu_ps(p, a)
+#define PQS_EMIT16(y, bytes, off, d, m, mode) do {                                            \
+        __m512 f_ = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_sub_epi32(     \
+                                  _mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(off))));     \
+        if ((mode) == 1) f_ = _mm512_add_ps(f_, _mm512_set1_ps(m));                           \
+        else if ((mode) == 2) f_ = _mm512_sub_ps(f_, _mm512_set1_ps(m));                      \
+        *acc = _mm512_fmadd_ps(_mm512_loadu_ps(y), f_, *acc);                                 \
+    } while (0)
+#define PQS_EMIT16S(y, bytes, d)                                                              \
+    (*acc = _mm512_fmadd_ps(_mm512_loadu_ps(y), _mm512_mul_ps(_mm512_cvtepi32_ps(            \
+                            _mm512_cvtepi8_epi32(bytes)), _mm512_set1_ps(d)), *acc))
+#include "pagedcy_quant_simd.h"
+#undef PQS
+#undef PQS_ATTR
+#undef PQS_VEC
+#undef PQS_EXTRA
+#undef PQS_LOADACC
+#undef PQS_STOREACC
+#undef PQS_EMIT16
+#undef PQS_EMIT16S
+#undef PQS_YT
+#undef PQS_DOT
 #else
 #define PQ_HAVE_SIMD 0
 #endif
@@ -358,6 +436,23 @@ static inline const pagedcy_rowfmt *pagedcy_quant_rowfmt(int ggml_type, int simd
     (void)simd_level;
 #endif
     return &pq_fmts_scalar[s];
+}
+
+/* The row dot product of a block type at instruction-set cap simd_level, or
+ * NULL (F32 / F16 / BF16, plain C, unsupported types). */
+static inline pq_row_dot_fn pq_rowdot(int ggml_type, int simd_level) {
+    const int s = pq_slot(ggml_type);
+    if (s < 0) return NULL;
+#if PQ_HAVE_SIMD
+    switch (pagedcy_quant_level(simd_level)) {
+        case PAGEDCY_SIMD_AVX512: return pq_dots_dot_avx512[s];
+        case PAGEDCY_SIMD_AVX2: return pq_dots_dot_avx2[s];
+        default: break;
+    }
+#else
+    (void)simd_level;
+#endif
+    return NULL;
 }
 
 /* Rows [r0, r1) of a tensor of K-element rows (row_bytes bytes each, in format

@@ -5,7 +5,16 @@
  * float32 scratch that stays in L1 (4 x 1024 floats: 16 KiB), and every row of
  * x passes over it with MR x PQL_NR vector accumulators; so the weight is read
  * from memory once per call for up to PQL_MB rows of x, and the decoders are
- * the same ones the prefill GEMM packs through.
+ * the same ones the prefill GEMM packs through. A single row of x (M = 1, a
+ * one-sequence decode step) skips the scratch: the block types' bodies then
+ * multiply their decoded vectors into the accumulators in registers
+ * (pagedcy_quant_simd.h's PQS_DOT copies; AVX2 / AVX-512 only).
+ *
+ * Measured (1 thread, Sapphire-Rapids-class Xeon VM, shared): the AVX-512
+ * decode runs at ~11 G elements/s (Q4_K: ~6 GB/s of weight), bound by the
+ * widen / convert / scale / FMA vector operations (2 per cycle at 512 bits);
+ * Q8_0 reaches the memory's rate. Beyond this needs integer dot products on
+ * int8 activations (llama.cpp's vec_dot_q*_q8), which round differently.
  *
  * Batch invariance: each output's partial sums live in one vector of lanes
  * (16 for AVX-512, 8 for AVX2 and plain C), accumulated over k in order, kept
@@ -118,13 +127,39 @@ static inline float pql_hsum(const float *a) {
     return (s[0] + s[2]) + (s[1] + s[3]);
 }
 
+/* One row of x (M = 1): the blocks of PQL_NR weight rows at a time are decoded
+ * in registers and multiplied into their accumulators (pq_rowdot), no scratch;
+ * the same steps, so the same bits, as the tiles. The rows PQL_PF_ROWS ahead
+ * go toward L2. */
+#define PQL_PF_ROWS 16
+static void pql_gemv(pq_row_dot_fn dot, int64_t n0, int64_t n1, int64_t K, const float *x,
+                     const uint8_t *W, int64_t row_bytes, float *out) {
+    for (int64_t nb = n0; nb < n1; nb += PQL_NR) {
+        const int nr = n1 - nb < PQL_NR ? (int)(n1 - nb) : PQL_NR;
+        if (nb + PQL_PF_ROWS < n1) {
+            const int64_t end = nb + PQL_PF_ROWS + PQL_NR < n1 ? nb + PQL_PF_ROWS + PQL_NR : n1;
+            const char *pf = (const char *)(W + (nb + PQL_PF_ROWS) * row_bytes);
+            for (int64_t p = 0; p < (end - nb - PQL_PF_ROWS) * row_bytes; p += 64) __builtin_prefetch(pf + p, 0, 2);
+        }
+        const uint8_t *rows[PQL_NR];
+        for (int j = 0; j < PQL_NR; j++) rows[j] = W + (nb + (j < nr ? j : 0)) * row_bytes;
+        float acc[PQL_NR * PQL_LANES] __attribute__((aligned(64))) = {0};
+        dot(rows, K, x, acc);
+        for (int j = 0; j < nr; j++) out[nb + j] = pql_hsum(acc + j * PQL_LANES);
+    }
+}
+
 /* Columns [n0, n1) of out = x @ W^T on the calling thread: x float32 [M, K]
- * (rows ldx apart), W rows of row_bytes bytes in format fmt (decoded at
- * instruction set simd, which must be what fmt was looked up with), out rows
- * ldo apart. K is a multiple of fmt->block. */
-static void pagedcy_quant_linear_rows(const pagedcy_rowfmt *fmt, int simd, int64_t M, int64_t n0,
+ * (rows ldx apart), W rows of row_bytes bytes of GGML type ggml_type (K a
+ * multiple of its block; the type one pagedcy_quant_rowfmt knows), out rows
+ * ldo apart; simd: a PAGEDCY_SIMD_* cap. */
+static void pagedcy_quant_linear_rows(int ggml_type, int simd, int64_t M, int64_t n0,
                                       int64_t n1, int64_t K, const float *x, int64_t ldx,
                                       const uint8_t *W, int64_t row_bytes, float *out, int64_t ldo) {
+    const pagedcy_rowfmt *fmt = pagedcy_quant_rowfmt(ggml_type, simd);
+    const pq_row_dot_fn dot = M == 1 ? pq_rowdot(ggml_type, simd) : NULL;
+    if (!fmt) return;
+    if (dot) { pql_gemv(dot, n0, n1, K, x, W, row_bytes, out); return; }
     /* rows past nr (the last block's) repeat row 0: computed, never stored */
     float scratch[PQL_NR * PQL_KC] __attribute__((aligned(64)));
     float acc[PQL_MB * PQL_NR * PQL_LANES] __attribute__((aligned(64)));
