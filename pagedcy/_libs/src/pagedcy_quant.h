@@ -148,18 +148,27 @@ PQ_INLINE void pq_scale_min_k4(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
     memcpy(mn + 4, &mn_hi, 4);
 }
 
+/* A Q4_K / Q5_K block's sub-block scales d * sc[j] (dm[j]) and mins
+ * dmin * mn[j] (dm[8 + j]). */
+PQ_INLINE void pq_k_scales(const uint8_t *b, float *dm) {
+    uint8_t sm[16];
+    pq_scale_min_k4(b + 4, sm, sm + 8);
+    const float d = pq_half(b), dmin = pq_half(b + 2);
+    for (int j = 0; j < 8; j++) {
+        dm[j] = d * (float)sm[j];
+        dm[8 + j] = dmin * (float)sm[8 + j];
+    }
+}
+
 /* Q4_K: fp16 d, dmin, 12 scale bytes, 128 bytes of nibbles. Sub-block b (32
  * elements) reads byte (b/2)*32 + j, low nibble for even b;
  * y = (d * sc) * q - dmin * m, as gguf-py and ggml order it. */
 PQ_INLINE void pq_blk_q4_k(const uint8_t *restrict b, float *restrict y) {
-    const float d = pq_half(b), dmin = pq_half(b + 2);
-    uint8_t sc[8], mn[8];
-    pq_scale_min_k4(b + 4, sc, mn);
-    const uint8_t *qs = b + 16;
+    float dm[16];
+    pq_k_scales(b, dm);
     for (int p = 0; p < 4; p++) {
-        const float d1 = d * (float)sc[2 * p], m1 = dmin * (float)mn[2 * p];
-        const float d2 = d * (float)sc[2 * p + 1], m2 = dmin * (float)mn[2 * p + 1];
-        const uint8_t *q = qs + 32 * p;
+        const float d1 = dm[2 * p], m1 = dm[8 + 2 * p], d2 = dm[2 * p + 1], m2 = dm[9 + 2 * p];
+        const uint8_t *q = b + 16 + 32 * p;
         float *o = y + 64 * p;
         for (int j = 0; j < 32; j++) {
             o[j] = d1 * (float)(q[j] & 0xF) - m1;
@@ -171,14 +180,12 @@ PQ_INLINE void pq_blk_q4_k(const uint8_t *restrict b, float *restrict y) {
 /* Q5_K: as Q4_K with 32 bytes of high bits between the scales and the nibbles:
  * bit b of qh[j] is the fifth bit of element b*32 + j. */
 PQ_INLINE void pq_blk_q5_k(const uint8_t *restrict b, float *restrict y) {
-    const float d = pq_half(b), dmin = pq_half(b + 2);
-    uint8_t sc[8], mn[8];
-    pq_scale_min_k4(b + 4, sc, mn);
-    const uint8_t *qh = b + 16, *qs = b + 48;
+    float dm[16];
+    pq_k_scales(b, dm);
+    const uint8_t *qh = b + 16;
     for (int p = 0; p < 4; p++) {
-        const float d1 = d * (float)sc[2 * p], m1 = dmin * (float)mn[2 * p];
-        const float d2 = d * (float)sc[2 * p + 1], m2 = dmin * (float)mn[2 * p + 1];
-        const uint8_t *q = qs + 32 * p;
+        const float d1 = dm[2 * p], m1 = dm[8 + 2 * p], d2 = dm[2 * p + 1], m2 = dm[9 + 2 * p];
+        const uint8_t *q = b + 48 + 32 * p;
         float *o = y + 64 * p;
         for (int j = 0; j < 32; j++) {
             const int lo = (q[j] & 0xF) | (((qh[j] >> (2 * p)) & 1) << 4);
@@ -275,13 +282,18 @@ PQ_AVX512 static void pq_row_f16_avx512(const void *r, int64_t k0, int64_t nk, f
         _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 2 * i))));
     pq_row_f16(p + 2 * i, 0, nk - i, d + i);
 }
-#define PQS_YT float *
-#define PQS_EXTRA
+/* The AVX-512 widening of 16 quant bytes (PQS_EMIT16's operations, in its order). */
+#define PQS_Z16(bytes, off, d, m, mode) ({                                                   \
+        __m512 f_ = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_sub_epi32(     \
+                                  _mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(off))));     \
+        if ((mode) == 1) f_ = _mm512_add_ps(f_, _mm512_set1_ps(m));                           \
+        else if ((mode) == 2) f_ = _mm512_sub_ps(f_, _mm512_set1_ps(m));                      \
+        f_;                                                                                   \
+    })
+#define PQS_Z16S(bytes, d) _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), _mm512_set1_ps(d))
 
-/* AVX2: 16 bytes -> two 8-lane vectors */
-#define PQS(name) pq_##name##_avx2
-#define PQS_ATTR PQ_AVX2
-#define PQS_EMIT16_Y(y, bytes, off, d, m, mode) do {                                            \
+/* AVX2: 16 bytes -> two 8-lane vectors (stored: the dot copies reload them) */
+#define PQS_EMIT16_Y(y, bytes, off, d, m, mode) do {                                          \
         const __m128i b_ = (bytes);                                                           \
         const __m256 d_ = _mm256_set1_ps(d), m_ = _mm256_set1_ps(m);                          \
         const __m256i o_ = _mm256_set1_epi32(off);                                            \
@@ -294,99 +306,62 @@ PQ_AVX512 static void pq_row_f16_avx512(const void *r, int64_t k0, int64_t nk, f
         _mm256_storeu_ps(y, f0_);                                                             \
         _mm256_storeu_ps((y) + 8, f1_);                                                       \
     } while (0)
-#define PQS_EMIT16S_Y(y, bytes, d) do {                                                         \
+#define PQS_EMIT16S_Y(y, bytes, d) do {                                                       \
         const __m128i b_ = (bytes);                                                           \
         const __m256 d_ = _mm256_set1_ps(d);                                                  \
         _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b_)), d_)); \
         _mm256_storeu_ps((y) + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(                           \
                          _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b_, b_))), d_));             \
     } while (0)
+/* ... accumulated into *acc: 8 lanes, two steps */
+#define PQS_DOT8X2(y, EMIT, ...) do {                                                         \
+        float w_[16] __attribute__((aligned(32)));                                            \
+        EMIT(w_, __VA_ARGS__);                                                                \
+        *acc = _mm256_fmadd_ps(_mm256_loadu_ps(y), _mm256_load_ps(w_), *acc);                 \
+        *acc = _mm256_fmadd_ps(_mm256_loadu_ps((y) + 8), _mm256_load_ps(w_ + 8), *acc);       \
+    } while (0)
+
+/* Each include of the template consumes (undefines) its PQS* parameters. */
+#define PQS(name) pq_##name##_avx2
+#define PQS_ATTR PQ_AVX2
+#define PQS_YT float *
+#define PQS_EXTRA
 #define PQS_EMIT16 PQS_EMIT16_Y
 #define PQS_EMIT16S PQS_EMIT16S_Y
 #include "pagedcy_quant_simd.h"
-#undef PQS
-#undef PQS_ATTR
-#undef PQS_EMIT16
-#undef PQS_EMIT16S
 
-/* AVX-512: 16 bytes -> one 16-lane vector */
 #define PQS(name) pq_##name##_avx512
 #define PQS_ATTR PQ_AVX512
-#define PQS_EMIT16(y, bytes, off, d, m, mode) do {                                            \
-        __m512 f_ = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_sub_epi32(     \
-                                  _mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(off))));     \
-        if ((mode) == 1) f_ = _mm512_add_ps(f_, _mm512_set1_ps(m));                           \
-        else if ((mode) == 2) f_ = _mm512_sub_ps(f_, _mm512_set1_ps(m));                      \
-        _mm512_storeu_ps(y, f_);                                                              \
-    } while (0)
-#define PQS_EMIT16S(y, bytes, d)                                                              \
-    _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), _mm512_set1_ps(d)))
+#define PQS_YT float *
+#define PQS_EXTRA
+#define PQS_EMIT16(y, bytes, off, d, m, mode) _mm512_storeu_ps(y, PQS_Z16(bytes, off, d, m, mode))
+#define PQS_EMIT16S(y, bytes, d) _mm512_storeu_ps(y, PQS_Z16S(bytes, d))
 #include "pagedcy_quant_simd.h"
-#undef PQS
-#undef PQS_ATTR
-#undef PQS_EMIT16
-#undef PQS_EMIT16S
-#undef PQS_YT
-#undef PQS_EXTRA
 
 /* The dot-product copies: PQS_EMIT16 accumulates x * w instead of storing w. */
 #define PQS_DOT 1
-#define PQS_YT const float *
 #define PQS(name) pq_##name##_dot_avx2
 #define PQS_ATTR PQ_AVX2
+#define PQS_YT const float *
 #define PQS_VEC __m256
 #define PQS_EXTRA , __m256 *acc
 #define PQS_LOADACC(p) _mm256_loadu_ps(p)
 #define PQS_STOREACC(p, a) _mm256_storeu_ps(p, a)
-#define PQS_EMIT16(y, bytes, off, d, m, mode) do {                                            \
-        float w_[16] __attribute__((aligned(32)));                                            \
-        PQS_EMIT16_Y(w_, bytes, off, d, m, mode);                                             \
-        *acc = _mm256_fmadd_ps(_mm256_loadu_ps(y), _mm256_load_ps(w_), *acc);                 \
-        *acc = _mm256_fmadd_ps(_mm256_loadu_ps((y) + 8), _mm256_load_ps(w_ + 8), *acc);       \
-    } while (0)
-#define PQS_EMIT16S(y, bytes, d) do {                                                         \
-        float w_[16] __attribute__((aligned(32)));                                            \
-        PQS_EMIT16S_Y(w_, bytes, d);                                                          \
-        *acc = _mm256_fmadd_ps(_mm256_loadu_ps(y), _mm256_load_ps(w_), *acc);                 \
-        *acc = _mm256_fmadd_ps(_mm256_loadu_ps((y) + 8), _mm256_load_ps(w_ + 8), *acc);       \
-    } while (0)
+#define PQS_EMIT16(y, ...) PQS_DOT8X2(y, PQS_EMIT16_Y, __VA_ARGS__)
+#define PQS_EMIT16S(y, ...) PQS_DOT8X2(y, PQS_EMIT16S_Y, __VA_ARGS__)
 #include "pagedcy_quant_simd.h"
-#undef PQS
-#undef PQS_ATTR
-#undef PQS_VEC
-#undef PQS_EXTRA
-#undef PQS_LOADACC
-#undef PQS_STOREACC
-#undef PQS_EMIT16
-#undef PQS_EMIT16S
 
+#define PQS_DOT 1
 #define PQS(name) pq_##name##_dot_avx512
 #define PQS_ATTR PQ_AVX512
+#define PQS_YT const float *
 #define PQS_VEC __m512
 #define PQS_EXTRA , __m512 *acc
 #define PQS_LOADACC(p) _mm512_loadu_ps(p)
 #define PQS_STOREACC(p, a) _mm512_storeu_ps(p, a)
-#define PQS_EMIT16(y, bytes, off, d, m, mode) do {                                            \
-        __m512 f_ = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_sub_epi32(     \
-                                  _mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(off))));     \
-        if ((mode) == 1) f_ = _mm512_add_ps(f_, _mm512_set1_ps(m));                           \
-        else if ((mode) == 2) f_ = _mm512_sub_ps(f_, _mm512_set1_ps(m));                      \
-        *acc = _mm512_fmadd_ps(_mm512_loadu_ps(y), f_, *acc);                                 \
-    } while (0)
-#define PQS_EMIT16S(y, bytes, d)                                                              \
-    (*acc = _mm512_fmadd_ps(_mm512_loadu_ps(y), _mm512_mul_ps(_mm512_cvtepi32_ps(            \
-                            _mm512_cvtepi8_epi32(bytes)), _mm512_set1_ps(d)), *acc))
+#define PQS_EMIT16(y, ...) (*acc = _mm512_fmadd_ps(_mm512_loadu_ps(y), PQS_Z16(__VA_ARGS__), *acc))
+#define PQS_EMIT16S(y, ...) (*acc = _mm512_fmadd_ps(_mm512_loadu_ps(y), PQS_Z16S(__VA_ARGS__), *acc))
 #include "pagedcy_quant_simd.h"
-#undef PQS
-#undef PQS_ATTR
-#undef PQS_VEC
-#undef PQS_EXTRA
-#undef PQS_LOADACC
-#undef PQS_STOREACC
-#undef PQS_EMIT16
-#undef PQS_EMIT16S
-#undef PQS_YT
-#undef PQS_DOT
 #else
 #define PQ_HAVE_SIMD 0
 #endif

@@ -180,3 +180,14 @@ static const pq_row_dot_fn PQS(dots)[11] = {
     NULL, NULL, NULL, PQS(dot_q4_0), PQS(dot_q4_1), PQS(dot_q5_0), PQS(dot_q5_1),
     PQS(dot_q8_0), PQS(dot_q4_k), PQS(dot_q5_k), PQS(dot_q6_k)};
 #endif
+
+#undef PQS
+#undef PQS_ATTR
+#undef PQS_YT
+#undef PQS_EXTRA
+#undef PQS_EMIT16
+#undef PQS_EMIT16S
+#undef PQS_VEC
+#undef PQS_LOADACC
+#undef PQS_STOREACC
+#undef PQS_DOT
