@@ -449,6 +449,16 @@ PQ_INLINE uint8_t pq_cast_u8(float y) {
     return (uint8_t)((uint32_t)(int32_t)y & 0xFFu);
 }
 
+/* roundf(y) (half away from zero) then pq_cast_u8, without libm: y - trunc(y)
+ * is exact, so comparing it with +-0.5 decides the rounding exactly. */
+PQ_INLINE uint8_t pq_round_u8(float y) {
+    if (!(y > -2147483648.0f && y < 2147483648.0f)) return 0;
+    int32_t i = (int32_t)y;
+    const float r = y - (float)i;
+    i += (r >= 0.5f) - (r <= -0.5f);
+    return (uint8_t)((uint32_t)i & 0xFFu);
+}
+
 /* 32 floats -> one Q8_0 block: d = amax / 127, q = round-half-away(x / d). */
 __attribute__((optimize("fp-contract=off")))
 static inline void pq_quantize_q8_0_block(const float *x, uint8_t *out) {
@@ -461,7 +471,7 @@ static inline void pq_quantize_q8_0_block(const float *x, uint8_t *out) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     const uint16_t h = pagedcy_f32_to_f16(d);
     memcpy(out, &h, 2);
-    for (int j = 0; j < 32; j++) out[2 + j] = pq_cast_u8(roundf(x[j] * id));
+    for (int j = 0; j < 32; j++) out[2 + j] = pq_round_u8(x[j] * id);
 }
 
 /* 32 floats -> one Q4_0 block: the value of largest magnitude (the first of
@@ -481,7 +491,7 @@ static inline void pq_quantize_q4_0_block(const float *x, uint8_t *out) {
     for (int j = 0; j < 32; j++) {
         const float t = x[j] * id;
         const float v = t + 8.5f;
-        const uint8_t c = pq_cast_u8(truncf(v));
+        const uint8_t c = pq_cast_u8(v);              /* truncation, as truncf then the cast */
         q[j] = c > 15 ? 15 : c;
     }
     for (int j = 0; j < 16; j++) out[2 + j] = (uint8_t)(q[j] | (q[j + 16] << 4));
