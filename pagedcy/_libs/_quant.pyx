@@ -206,9 +206,11 @@ def linear(x, raw, ggml_type, out, num_threads=None):
     """``out[...] = x @ W.T`` for a GGUF weight ``W`` [N, K] kept in its block format:
     ``x`` float32 [M, K], ``raw`` uint8 [N, row_bytes] (``row_bytes = K // block_elems *
     block_bytes``), ``out`` float32 [M, N], all C-contiguous, ``out`` overlapping neither.
-    The weight is decoded in L1-sized chunks as it streams (sized for decode steps: M of 1
-    to a few dozen; correct for any M); weight rows are split over ``num_threads`` OpenMP
-    threads. A row of ``out`` does not depend on M or the thread count, bit for bit.
+    The weight is decoded as it streams, never widened in memory: in registers for one row
+    of ``x``, else in L1-sized chunks that every row passes over (sized for decode steps: M of
+    1 to a few dozen; correct for any M). Weight rows are split over ``num_threads`` OpenMP
+    threads. A row of ``out`` does not depend on M or the thread count, bit for bit; its
+    float32 sums are within ~1e-5 of ``|x| @ |W|.T`` (relative) of the float64 product.
     TypeError for non-array / wrong-dtype inputs; ValueError for an unsupported type, shapes,
     contiguity or overlap. Returns ``out``."""
     return _linear_tuned(x, raw, ggml_type, out, num_threads)
