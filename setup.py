@@ -174,8 +174,11 @@ def extensions():
     exts = []
     for pyx in sorted(glob.glob(os.path.join("pagedcy", "_libs", "*.pyx"))):
         name = "pagedcy._libs." + os.path.splitext(os.path.basename(pyx))[0]
+        # _quant's quantizers must round x * id + 8.5 twice, as gguf-py does: no contraction
+        # into FMA (its decoders are exact either way, pagedcy_quant.h says why).
+        extra = ["-ffp-contract=off"] if name == "pagedcy._libs._quant" else []
         exts.append(Extension(
-            name, [pyx],
+            name, [pyx], extra_compile_args=extra,
             include_dirs=[np.get_include(), os.path.join("pagedcy", "_libs", "src")],
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
             depends=glob.glob(os.path.join("pagedcy", "_libs", "src", "*.h")),
