@@ -3,6 +3,9 @@
  * of one row to float32 exactly (both widenings are exact), so a GEMM on f16 or
  * bf16 storage equals the float32 GEMM on the widened weight bit for bit.
  *
+ * The widening's instruction set follows pagedcy_simd_level() (so PAGEDCY_SIMD
+ * caps it for tests); every level gives the same values.
+ *
  * The float32 format is recognised by its decoder (pagedcy_rowfmt_is_f32): the
  * GEMM then reads the weight in place instead of decoding it.
  */
@@ -61,8 +64,8 @@ static void pg_bf16_avx2(const uint16_t *s, int64_t n, float *d) {
 static void pagedcy_decode_f16(const void *row, int64_t k0, int64_t nk, float *dst) {
     const uint16_t *s = (const uint16_t *)row + k0;
 #if PG_FMT_SIMD
-    if (pagedcy_cpu_has_avx512()) { pg_f16_avx512(s, nk, dst); return; }
-    if (pagedcy_cpu_has_avx2_fma()) { pagedcy_f16_to_f32_avx2(s, dst, (size_t)nk); return; }
+    if (pagedcy_simd_level() >= PAGEDCY_SIMD_AVX512) { pg_f16_avx512(s, nk, dst); return; }
+    if (pagedcy_simd_level() >= PAGEDCY_SIMD_AVX2) { pagedcy_f16_to_f32_avx2(s, dst, (size_t)nk); return; }
 #endif
     for (int64_t i = 0; i < nk; i++) dst[i] = pagedcy_f16_to_f32(s[i]);
 }
@@ -70,8 +73,8 @@ static void pagedcy_decode_f16(const void *row, int64_t k0, int64_t nk, float *d
 static void pagedcy_decode_bf16(const void *row, int64_t k0, int64_t nk, float *dst) {
     const uint16_t *s = (const uint16_t *)row + k0;
 #if PG_FMT_SIMD
-    if (pagedcy_cpu_has_avx512()) { pg_bf16_avx512(s, nk, dst); return; }
-    if (pagedcy_cpu_has_avx2_fma()) { pg_bf16_avx2(s, nk, dst); return; }
+    if (pagedcy_simd_level() >= PAGEDCY_SIMD_AVX512) { pg_bf16_avx512(s, nk, dst); return; }
+    if (pagedcy_simd_level() >= PAGEDCY_SIMD_AVX2) { pg_bf16_avx2(s, nk, dst); return; }
 #endif
     for (int64_t i = 0; i < nk; i++) dst[i] = pagedcy_bf16_to_f32(s[i]);
 }
