@@ -56,7 +56,7 @@ PG_AVX2_INLINE void pg_tr8(__m256 *r) {
 /* Pack elements [0, kc) of up to 8 rows (src + r * ld, r < nrows; the others are
  * zeros) by lane class: element k = t * L + j of row r goes to
  * dst[(pg_lane_pos(j) * T + t) * stride + r], for r < width (4, 6 or 8). */
-PG_AVX2 static void pg_pack8(const float *src, int64_t ld, int nrows, int kc, int L, int T,
+PG_AVX2 static void pg_pack8_avx2(const float *src, int64_t ld, int nrows, int kc, int L, int T,
                              float *dst, int64_t stride, int width) {
     int64_t off[16];
     for (int j = 0; j < L; j++) off[j] = (int64_t)pg_lane_pos(L, j) * T * stride;
@@ -86,20 +86,20 @@ PG_AVX2 static void pg_pack8(const float *src, int64_t ld, int nrows, int kc, in
 
 /* A block of rows [0, mc) of A, K elements [k0, k0 + kc): micro-panels of MR rows,
  * each [L * T][MR] (rows past mc are zeros). */
-PG_AVX2 static void pg_pack_a(const float *A, int64_t lda, int mc, int k0, int kc, int L, int T,
+PG_AVX2 static void pg_pack_a_avx2(const float *A, int64_t lda, int mc, int k0, int kc, int L, int T,
                               int MR, float *dst) {
     const int64_t kp = (int64_t)L * T;
     for (int m = 0; m < mc; m += MR, dst += kp * MR)
         for (int g = 0; g < MR; g += 8) {
             const int rows = pg_min(mc - m - g, 8);
-            pg_pack8(A + (int64_t)(m + g) * lda + k0, lda, rows, kc, L, T, dst + g, MR, pg_min(MR - g, 8));
+            pg_pack8_avx2(A + (int64_t)(m + g) * lda + k0, lda, rows, kc, L, T, dst + g, MR, pg_min(MR - g, 8));
         }
 }
 
 /* A panel of W's rows [n, n + nc), K elements [k0, k0 + kc): micro-panels of NR rows,
  * each [L * T][NR] (rows past nc are zeros). f32 rows are read in place; others are
  * decoded into scratch (8 x kc floats) first. */
-PG_AVX2 static void pg_pack_w(const void *W, int64_t wrb, const pagedcy_rowfmt *fmt, int n, int nc,
+PG_AVX2 static void pg_pack_w_avx2(const void *W, int64_t wrb, const pagedcy_rowfmt *fmt, int n, int nc,
                               int k0, int kc, int L, int T, int NR, float *scratch, float *dst) {
     const int64_t kp = (int64_t)L * T;
     const int f32 = pagedcy_rowfmt_is_f32(fmt);
@@ -114,7 +114,7 @@ PG_AVX2 static void pg_pack_w(const void *W, int64_t wrb, const pagedcy_rowfmt *
                 src = scratch;
                 ld = kc;
             }
-            pg_pack8(src, ld, rows, kc, L, T, dst + g, NR, 8);
+            pg_pack8_avx2(src, ld, rows, kc, L, T, dst + g, NR, 8);
         }
 }
 
@@ -144,7 +144,7 @@ PG_AVX2 static void pg_pack_w(const void *W, int64_t wrb, const pagedcy_rowfmt *
 
 /* AVX2 micro-kernel: C[0..mr, 0..nr) of a 6 x 16 tile, one K block of L*T packed
  * steps (xp: [8 * T][6], wp: [8 * T][16]). */
-PG_AVX2 static void pg_mk_y(int T, const float *xp, const float *wp, float *C, int64_t ldc, int mr,
+PG_AVX2 static void pg_mk_avx2(int T, const float *xp, const float *wp, float *C, int64_t ldc, int mr,
                             int nr, int first) {
     __m256 c[PG_Y_MR * 2], stk[3 * PG_Y_MR * 2];
     for (int q = 0; q < 8; q++) {
@@ -177,7 +177,7 @@ PG_AVX512_INLINE void pg_store_sum16(float *c, __m512 s, int first, int n) {
 }
 
 /* AVX-512 micro-kernel: a 12 x 32 tile (xp: [16 * T][12], wp: [16 * T][32]). */
-PG_AVX512 static void pg_mk_z(int T, const float *xp, const float *wp, float *C, int64_t ldc, int mr,
+PG_AVX512 static void pg_mk_avx512(int T, const float *xp, const float *wp, float *C, int64_t ldc, int mr,
                               int nr, int first) {
     __m512 c[PG_Z_MR * 2], stk[4 * PG_Z_MR * 2];
     for (int q = 0; q < 16; q++) {
@@ -265,17 +265,17 @@ static int pg_gemm_packed(int level, int kc_max, int M, int n0, int n1, int K, c
         for (int k0 = 0; k0 < K; k0 += kc_max) {
             const int kc = pg_min(kc_max, K - k0), T = (kc + L - 1) / L;
             const int64_t kp = (int64_t)L * T;
-            pg_pack_a(A + (int64_t)m0 * lda, lda, mb, k0, kc, L, T, MR, ap);
+            pg_pack_a_avx2(A + (int64_t)m0 * lda, lda, mb, k0, kc, L, T, MR, ap);
             for (int j0 = n0; j0 < n1; j0 += nc) {
                 const int nb = pg_min(nc, n1 - j0);
-                pg_pack_w(W, wrb, fmt, j0, nb, k0, kc, L, T, NR, scratch, wp);
+                pg_pack_w_avx2(W, wrb, fmt, j0, nb, k0, kc, L, T, NR, scratch, wp);
                 for (int i = 0; i < mb; i += MR) {
                     const float *xa = ap + (int64_t)i * kp;
                     float *c = C + (int64_t)(m0 + i) * ldc + j0;
                     const int mr = pg_min(MR, mb - i);
                     for (int j = 0; j < nb; j += NR) {
-                        if (level == 2) pg_mk_z(T, xa, wp + (int64_t)j * kp, c + j, ldc, mr, pg_min(NR, nb - j), k0 == 0);
-                        else pg_mk_y(T, xa, wp + (int64_t)j * kp, c + j, ldc, mr, pg_min(NR, nb - j), k0 == 0);
+                        if (level == 2) pg_mk_avx512(T, xa, wp + (int64_t)j * kp, c + j, ldc, mr, pg_min(NR, nb - j), k0 == 0);
+                        else pg_mk_avx2(T, xa, wp + (int64_t)j * kp, c + j, ldc, mr, pg_min(NR, nb - j), k0 == 0);
                     }
                 }
             }
