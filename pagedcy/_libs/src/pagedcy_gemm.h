@@ -49,11 +49,11 @@ static void pg_tile_scalar(int mr, int nb, int K, const float *A, int64_t lda, c
 /* The accumulators only stay in registers once every loop over them is
  * unrolled (without this GCC 12 kept them on the stack: 4x slower). */
 #define PG_UNROLL _Pragma("GCC unroll 16")
-#define PG_AVX512_INLINE __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"), \
+#define PG_AVX512_INLINE __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c"), \
                                         always_inline)) static inline
-#define PG_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")))
-#define PG_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
-#define PG_AVX2 __attribute__((target("avx2,fma")))
+#define PG_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c")))
+#define PG_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+#define PG_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 /* The next pf_step bytes at *pf toward L2 (nothing when *pf is NULL). */
 static inline __attribute__((always_inline)) void pg_prefetch(const char **pf, int64_t pf_step) {
@@ -87,9 +87,34 @@ PG_AVX2_INLINE void pg_store_sum(float *c, __m256 s, int first, int n) {
 }
 
 /* MR rows of A against NB (<= 8) rows of W, 16 k at a time. */
-PG_AVX512_INLINE void pg_tile_z(int K, const float *A, int64_t lda, const float *W, int64_t ldw,
+/* Weights in the streaming tiles: FMT 0 float32, 1 float16, 2 bfloat16 (bits), widened
+ * in registers (a decode step reads half the bytes of float32). Index idx in elements. */
+PG_AVX512_INLINE __m512 pg_wload_z(const void *W, int64_t idx, __mmask16 m, int full, const int FMT) {
+    if (FMT == 0) return full ? _mm512_loadu_ps((const float *)W + idx) : _mm512_maskz_loadu_ps(m, (const float *)W + idx);
+    const uint16_t *p = (const uint16_t *)W + idx;
+    const __m256i h = full ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
+    if (FMT == 1) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+PG_AVX2_INLINE __m256 pg_wload_y(const void *W, int64_t idx, int n, const int FMT) {
+    if (FMT == 0)
+        return n >= 8 ? _mm256_loadu_ps((const float *)W + idx) : _mm256_maskload_ps((const float *)W + idx, pg_mask8(n));
+    const uint16_t *p = (const uint16_t *)W + idx;
+    __m128i h;
+    if (n >= 8) h = _mm_loadu_si128((const __m128i *)p);
+    else {                      /* AVX2 has no 16-bit masked load: the K tail via a copy */
+        uint16_t t[8] = {0};
+        memcpy(t, p, (size_t)n * 2);
+        h = _mm_loadu_si128((const __m128i *)t);
+    }
+    if (FMT == 1) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+PG_AVX512_INLINE void pg_tile_z(int K, const float *A, int64_t lda, const void *W, int64_t ldw,
                                 float *C, int64_t ldc, const char *pf, int64_t pf_step, int first,
-                                const int MR, const int NB) {
+                                const int FMT, const int MR, const int NB) {
     __m512 c[4][8];
     PG_UNROLL
     for (int i = 0; i < MR; i++)
@@ -103,7 +128,7 @@ PG_AVX512_INLINE void pg_tile_z(int K, const float *A, int64_t lda, const float 
         for (int i = 0; i < MR; i++) a[i] = _mm512_loadu_ps(A + i * lda + k);
         PG_UNROLL
         for (int j = 0; j < NB; j++) {
-            const __m512 w = _mm512_loadu_ps(W + j * ldw + k);
+            const __m512 w = pg_wload_z(W, j * ldw + k, 0, 1, FMT);
             PG_UNROLL
             for (int i = 0; i < MR; i++) c[i][j] = _mm512_fmadd_ps(a[i], w, c[i][j]);
         }
@@ -115,7 +140,7 @@ PG_AVX512_INLINE void pg_tile_z(int K, const float *A, int64_t lda, const float 
         for (int i = 0; i < MR; i++) a[i] = _mm512_maskz_loadu_ps(m, A + i * lda + k);
         PG_UNROLL
         for (int j = 0; j < NB; j++) {
-            const __m512 w = _mm512_maskz_loadu_ps(m, W + j * ldw + k);
+            const __m512 w = pg_wload_z(W, j * ldw + k, m, 0, FMT);
             PG_UNROLL
             for (int i = 0; i < MR; i++) c[i][j] = _mm512_fmadd_ps(a[i], w, c[i][j]);
         }
@@ -131,24 +156,26 @@ PG_AVX512_INLINE void pg_tile_z(int K, const float *A, int64_t lda, const float 
     }
 }
 
-#define PG_Z_CASE(MR_, NB_) \
-    case (MR_) * 16 + (NB_): pg_tile_z(K, A, lda, W, ldw, C, ldc, pf, pf_step, first, MR_, NB_); break;
-#define PG_Z_ROW(MR_) PG_Z_CASE(MR_, 1) PG_Z_CASE(MR_, 2) PG_Z_CASE(MR_, 3) PG_Z_CASE(MR_, 4) \
-                      PG_Z_CASE(MR_, 5) PG_Z_CASE(MR_, 6) PG_Z_CASE(MR_, 7) PG_Z_CASE(MR_, 8)
+#define PG_Z_CASE(F_, MR_, NB_) \
+    case (F_) * 256 + (MR_) * 16 + (NB_): pg_tile_z(K, A, lda, W, ldw, C, ldc, pf, pf_step, first, F_, MR_, NB_); break;
+#define PG_Z_ROW(F_, MR_) PG_Z_CASE(F_, MR_, 1) PG_Z_CASE(F_, MR_, 2) PG_Z_CASE(F_, MR_, 3) PG_Z_CASE(F_, MR_, 4) \
+                          PG_Z_CASE(F_, MR_, 5) PG_Z_CASE(F_, MR_, 6) PG_Z_CASE(F_, MR_, 7) PG_Z_CASE(F_, MR_, 8)
+#define PG_Z_FMT(F_) PG_Z_ROW(F_, 1) PG_Z_ROW(F_, 2) PG_Z_ROW(F_, 3) PG_Z_ROW(F_, 4)
 
-PG_AVX512 static void pg_tile_avx512(int mr, int nb, int K, const float *A, int64_t lda, const float *W,
+/* ldw in elements of the format fmt (0 f32, 1 f16, 2 bf16). */
+PG_AVX512 static void pg_tile_avx512(int mr, int nb, int K, const float *A, int64_t lda, const void *W,
                                      int64_t ldw, float *C, int64_t ldc, const char *pf, int64_t pf_step,
-                                     int first) {
-    switch (mr * 16 + nb) {
-        PG_Z_ROW(1) PG_Z_ROW(2) PG_Z_ROW(3) PG_Z_ROW(4)
+                                     int first, int fmt) {
+    switch (fmt * 256 + mr * 16 + nb) {
+        PG_Z_FMT(0) PG_Z_FMT(1) PG_Z_FMT(2)
         default: break;
     }
 }
 
 /* AVX2: 16 registers, so MR x NB <= 3 x 4 accumulators of 8 floats. */
-PG_AVX2_INLINE void pg_tile_y(int K, const float *A, int64_t lda, const float *W, int64_t ldw,
+PG_AVX2_INLINE void pg_tile_y(int K, const float *A, int64_t lda, const void *W, int64_t ldw,
                               float *C, int64_t ldc, const char *pf, int64_t pf_step, int first,
-                              const int MR, const int NB) {
+                              const int FMT, const int MR, const int NB) {
     __m256 c[3][4];
     PG_UNROLL
     for (int i = 0; i < MR; i++)
@@ -165,7 +192,7 @@ PG_AVX2_INLINE void pg_tile_y(int K, const float *A, int64_t lda, const float *W
             a[i] = full ? _mm256_loadu_ps(A + i * lda + k) : _mm256_maskload_ps(A + i * lda + k, m);
         PG_UNROLL
         for (int j = 0; j < NB; j++) {
-            const __m256 w = full ? _mm256_loadu_ps(W + j * ldw + k) : _mm256_maskload_ps(W + j * ldw + k, m);
+            const __m256 w = pg_wload_y(W, j * ldw + k, full ? 8 : K - k, FMT);
             PG_UNROLL
             for (int i = 0; i < MR; i++) c[i][j] = _mm256_fmadd_ps(a[i], w, c[i][j]);
         }
@@ -179,15 +206,16 @@ PG_AVX2_INLINE void pg_tile_y(int K, const float *A, int64_t lda, const float *W
     }
 }
 
-#define PG_Y_CASE(MR_, NB_) \
-    case (MR_) * 16 + (NB_): pg_tile_y(K, A, lda, W, ldw, C, ldc, pf, pf_step, first, MR_, NB_); break;
-#define PG_Y_ROW(MR_) PG_Y_CASE(MR_, 1) PG_Y_CASE(MR_, 2) PG_Y_CASE(MR_, 3) PG_Y_CASE(MR_, 4)
+#define PG_Y_CASE(F_, MR_, NB_) \
+    case (F_) * 256 + (MR_) * 16 + (NB_): pg_tile_y(K, A, lda, W, ldw, C, ldc, pf, pf_step, first, F_, MR_, NB_); break;
+#define PG_Y_ROW(F_, MR_) PG_Y_CASE(F_, MR_, 1) PG_Y_CASE(F_, MR_, 2) PG_Y_CASE(F_, MR_, 3) PG_Y_CASE(F_, MR_, 4)
+#define PG_Y_FMT(F_) PG_Y_ROW(F_, 1) PG_Y_ROW(F_, 2) PG_Y_ROW(F_, 3)
 
-PG_AVX2 static void pg_tile_avx2(int mr, int nb, int K, const float *A, int64_t lda, const float *W,
+PG_AVX2 static void pg_tile_avx2(int mr, int nb, int K, const float *A, int64_t lda, const void *W,
                                  int64_t ldw, float *C, int64_t ldc, const char *pf, int64_t pf_step,
-                                 int first) {
-    switch (mr * 16 + nb) {
-        PG_Y_ROW(1) PG_Y_ROW(2) PG_Y_ROW(3)
+                                 int first, int fmt) {
+    switch (fmt * 256 + mr * 16 + nb) {
+        PG_Y_FMT(0) PG_Y_FMT(1) PG_Y_FMT(2)
         default: break;
     }
 }
@@ -223,8 +251,11 @@ static void pg_gemm_stream(int level, int M, int n0, int n1, int K, const float 
      * of W keep more of it streaming at once (a GEMV is bound by memory). */
     else if (level == 1) nb_max = 4;
 #endif
-    const int f32 = pagedcy_rowfmt_is_f32(fmt);
-    const int64_t ldw_in = wrb / 4;
+    /* Formats the tiles widen in registers: f32 (read in place), f16, bf16 (the
+     * latter two only with SIMD); any other is decoded into scratch first. */
+    const int wfmt = pagedcy_rowfmt_is_f32(fmt) ? 0 : !level ? -1 : fmt->decode == pagedcy_decode_f16 ? 1
+                   : fmt->decode == pagedcy_decode_bf16 ? 2 : -1;
+    const int64_t ldw_in = wfmt == 0 ? wrb / 4 : wrb / 2;
     const int nblk = (M + mr_max - 1) / mr_max;           /* row blocks of near-equal size */
     const int nkb = (K + PG_KC - 1) / PG_KC;
     for (int n = n0; n < n1; n += nb_max) {
@@ -237,11 +268,14 @@ static void pg_gemm_stream(int level, int M, int n0, int n1, int K, const float 
         const int64_t ahead_bytes = ahead < n1 ? (int64_t)pg_min(nb_max, n1 - ahead) * wrb : 0;
         for (int kb = 0; kb < nkb; kb++) {
             const int k0 = kb * PG_KC, kc = pg_min(PG_KC, K - k0);
-            const float *w = (const float *)wrow + k0;
+            const void *w = wfmt == 0 ? (const void *)((const float *)wrow + k0)
+                                       : (const void *)((const uint16_t *)wrow + k0);
             int64_t ldw = ldw_in;
+            int tf = wfmt;
             const char *pf = ahead_bytes ? (const char *)W + (int64_t)ahead * wrb + ahead_bytes * kb / nkb : NULL;
             const int64_t pf_len = ahead_bytes ? ahead_bytes * (kb + 1) / nkb - ahead_bytes * kb / nkb : 0;
-            if (!f32) {
+            if (wfmt < 0) {
+                tf = 0;
                 for (int64_t p = 0; pf && p < pf_len; p += 64) __builtin_prefetch(pf + p, 0, PG_PF_LOC);
                 pf = NULL;
                 for (int j = 0; j < nb; j++) fmt->decode(wrow + j * wrb, k0, kc, scratch + (int64_t)j * PG_KC);
@@ -256,11 +290,11 @@ static void pg_gemm_stream(int level, int M, int n0, int n1, int K, const float 
                 const char *p = bi == 0 ? pf : NULL;
                 const int vw = level == 2 ? 16 : 8;
                 const int64_t pf_step = p ? (pf_len / ((kc + vw - 1) / vw) + 63) & ~63 : 0;
-                if (level == 2) pg_tile_avx512(mr, nb, kc, a, lda, w, ldw, c, ldc, p, pf_step, kb == 0);
-                else if (level == 1) pg_tile_avx2(mr, nb, kc, a, lda, w, ldw, c, ldc, p, pf_step, kb == 0);
+                if (level == 2) pg_tile_avx512(mr, nb, kc, a, lda, w, ldw, c, ldc, p, pf_step, kb == 0, tf);
+                else if (level == 1) pg_tile_avx2(mr, nb, kc, a, lda, w, ldw, c, ldc, p, pf_step, kb == 0, tf);
                 else
 #endif
-                pg_tile_scalar(mr, nb, kc, a, lda, w, ldw, c, ldc, kb == 0);
+                pg_tile_scalar(mr, nb, kc, a, lda, (const float *)w, ldw, c, ldc, kb == 0);
                 m += mr;
             }
         }
@@ -301,7 +335,7 @@ static int pagedcy_gemm_rows_fmt(int simd, int M, int n0, int n1, int K, const f
     (void)simd;
 #endif
     float *scratch = NULL;
-    if (!pagedcy_rowfmt_is_f32(fmt)) {
+    if (!pagedcy_rowfmt_is_f32(fmt)) {       /* (f16/bf16 with SIMD need none, but it is small) */
 #if PG_HAVE_SIMD
         scratch = pg_pack_buffer((size_t)8 * PG_KC);
 #else
