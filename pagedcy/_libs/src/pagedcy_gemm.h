@@ -97,9 +97,8 @@ PG_AVX512_INLINE __m512 pg_wload_z(const void *W, int64_t idx, __mmask16 m, int 
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* f16 (FMT 1) or bf16 (FMT 2) elements [idx, idx + min(n, 8)), widened (zeros past n). */
 PG_AVX2_INLINE __m256 pg_wload_y(const void *W, int64_t idx, int n, const int FMT) {
-    if (FMT == 0)
-        return n >= 8 ? _mm256_loadu_ps((const float *)W + idx) : _mm256_maskload_ps((const float *)W + idx, pg_mask8(n));
     const uint16_t *p = (const uint16_t *)W + idx;
     __m128i h;
     if (n >= 8) h = _mm_loadu_si128((const __m128i *)p);
@@ -192,7 +191,9 @@ PG_AVX2_INLINE void pg_tile_y(int K, const float *A, int64_t lda, const void *W,
             a[i] = full ? _mm256_loadu_ps(A + i * lda + k) : _mm256_maskload_ps(A + i * lda + k, m);
         PG_UNROLL
         for (int j = 0; j < NB; j++) {
-            const __m256 w = pg_wload_y(W, j * ldw + k, full ? 8 : K - k, FMT);
+            const float *wf = (const float *)W + j * ldw + k;
+            const __m256 w = FMT != 0 ? pg_wload_y(W, j * ldw + k, full ? 8 : K - k, FMT)
+                           : full ? _mm256_loadu_ps(wf) : _mm256_maskload_ps(wf, m);
             PG_UNROLL
             for (int i = 0; i < MR; i++) c[i][j] = _mm256_fmadd_ps(a[i], w, c[i][j]);
         }
