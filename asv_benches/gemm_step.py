@@ -2,6 +2,10 @@
 
 ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python asv_benches/gemm_step.py [--seconds 2]``
 
+``--max-simd 1`` caps pagedcy at AVX2 (compare with ``OPENBLAS_CORETYPE=Haswell``, OpenBLAS's
+AVX2 kernels, as a stand-in for an AVX2-only CPU); ``--bf16`` adds a column for the same step
+with the weights stored as bfloat16 (``linear_rows``: half the bytes to read).
+
 For each row count M, the GEMMs of one decode step of the engine benchmark's model (Llama:
 hidden 512, 8 layers, 8 / 2 heads of 64, intermediate 1408, vocab 32000; weights stored
 ``[out, in]`` as the model keeps them: per layer q|k|v 768x512, o 512x512, gate|up 2816x512,
@@ -19,7 +23,7 @@ import time
 import numpy as np
 
 from pagedcy._libs._bandwidth import read_bandwidth
-from pagedcy._libs._gemm import linear_kernel
+from pagedcy._libs._gemm import _linear_kernel_tuned, _linear_rows_tuned
 from pagedcy._libs._threads import resolve_num_threads
 from pagedcy.tools.bench import blas_description
 from pagedcy.tools.info import cpu_description
@@ -47,6 +51,8 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=2.0, help="per row count")
     ap.add_argument("--rows", default="1,4,16,32,64,128,512,2048")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--max-simd", type=int, default=2, help="0 scalar, 1 AVX2, 2 AVX-512")
+    ap.add_argument("--bf16", action="store_true", help="also time bfloat16 weights")
     args = ap.parse_args(argv)
     nt = resolve_num_threads(args.threads)
     rng = np.random.default_rng(0)
@@ -57,20 +63,28 @@ def main(argv=None):
     print(f"BLAS: {blas_description()}; pagedcy threads {nt}")
     print(f"weights {wbytes / 1e6:.0f} MB per step; read bandwidth {bw:.1f} GB/s "
           f"({wbytes / bw / 1e6:.2f} ms to read them once)")
-    ours = lambda x, w, o: linear_kernel(x, w, o, nt)  # noqa: E731
+    lv = args.max_simd
+    ours = lambda x, w, o: _linear_kernel_tuned(x, w, o, nt, lv)  # noqa: E731
     blas = lambda x, w, o: np.matmul(x, w.T, out=o)  # noqa: E731
-    print("| M | pagedcy ms | np.matmul ms | pagedcy GFLOP/s | np GFLOP/s | np / pagedcy time | pagedcy weight GB/s |")
-    print("|---|---|---|---|---|---|---|")
+    # bf16 weights: the same values rounded, timed as the same step (keyed by the f32 array)
+    bf = {id(w): (w.view(np.uint32) >> 16).astype(np.uint16) for w in ws} if args.bf16 else {}
+    ours_bf = lambda x, w, o: _linear_rows_tuned(x, bf[id(w)], "bf16", o, nt, lv)  # noqa: E731
+    extra = " bf16 ms | bf16 / f32 time |" if args.bf16 else ""
+    print(f"pagedcy instruction set capped at {('scalar', 'AVX2', 'AVX-512')[lv]}")
+    print("| M | pagedcy ms | np.matmul ms | pagedcy GFLOP/s | np GFLOP/s | np / pagedcy time "
+          "| pagedcy weight GB/s |" + extra)
+    print("|---|---|---|---|---|---|---|" + ("---|---|" if args.bf16 else ""))
     for m in (int(r) for r in args.rows.split(",")):
         xs = {k: rng.standard_normal((m, k), dtype=np.float32) for k in (HIDDEN, INTER)}
         wl = ws if m <= 64 else ws[:-1]        # a prefill runs the LM head on last rows only
         outs = {n: np.empty((m, n), np.float32) for n in {w.shape[0] for w in wl}}
         flops = 2 * m * sum(w.size for w in wl)
         wbytes = sum(w.nbytes for w in wl)
-        best = {"ours": 1e9, "blas": 1e9}
+        fns = [("ours", ours), ("blas", blas)] + ([("bf16", ours_bf)] if args.bf16 else [])
+        best = {name: 1e9 for name, _ in fns}
         t_end = time.perf_counter() + args.seconds
         while time.perf_counter() < t_end:
-            for name, fn in (("ours", ours), ("blas", blas)):
+            for name, fn in fns:
                 stretch = time.perf_counter() + 0.5
                 while True:
                     best[name] = min(best[name], step(fn, xs, wl, outs))
@@ -78,8 +92,9 @@ def main(argv=None):
                         break
                 time.sleep(0.3)     # let the other side's threads go to sleep
         o, b = best["ours"], best["blas"]
+        tail = f" {best['bf16'] * 1e3:.2f} | {best['bf16'] / o:.2f} |" if args.bf16 else ""
         print(f"| {m} | {o * 1e3:.2f} | {b * 1e3:.2f} | {flops / o / 1e9:.1f} | {flops / b / 1e9:.1f} "
-              f"| {b / o:.2f}x | {wbytes / o / 1e9:.1f} |")
+              f"| {b / o:.2f}x | {wbytes / o / 1e9:.1f} |" + tail)
 
 
 if __name__ == "__main__":

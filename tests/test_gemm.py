@@ -133,3 +133,127 @@ def test_many_rows_cross_the_row_chunks(level):
         x, w, out = _case(rng, m, k, n)
         _linear_kernel_tuned(x, w, out, 2, level)
         _check(out, x, w)
+
+
+# -- weight row formats and the packed path ---------------------------------------------------
+
+FMTS = ["f32", "f16", "bf16"]
+
+
+def _stored(w, fmt):
+    """(raw weight in format fmt, the float32 weight it widens to)."""
+    if fmt == "f32":
+        return w, w
+    if fmt == "f16":
+        raw = w.astype(np.float16)
+        return raw, raw.astype(np.float32)
+    raw = (w.view(np.uint32) >> 16).astype(np.uint16)         # any 16 bits are a bfloat16
+    return raw, (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 130), k=st.integers(1, 1300), n=st.integers(1, 150),
+       threads=st.integers(1, 3), level=st.sampled_from(LEVELS), fmt=st.sampled_from(FMTS),
+       seed=st.integers(0, 2**16))
+def test_formats_match_float32_on_the_widened_weight(m, k, n, threads, level, fmt, seed):
+    """Both paths (streaming below 48 rows, packed from 48), every level and format: the
+    result is the float32 kernel's on the widened weight, bit for bit, and near float64."""
+    x, w, out = _case(np.random.default_rng(seed), m, k, n)
+    raw, wide = _stored(w, fmt)
+    assert _gemm._linear_rows_tuned(x, raw, fmt, out, threads, level) is out
+    ref = np.empty_like(out)
+    _linear_kernel_tuned(x, wide, ref, 1, level)
+    assert np.array_equal(out, ref)
+    _check(out, x, wide)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_a_row_does_not_depend_on_the_path(level, fmt):
+    """Row i of a batch of M rows equals row i computed alone, bit for bit, for M on both
+    sides of the streaming/packed threshold and of the packed tiles (6 x 16, 12 x 32), K over
+    three K blocks (512 each) and N over several weight panels, on 1 and 2 threads."""
+    rng = np.random.default_rng(5)
+    x, w, _ = _case(rng, 200, 1100, 70)
+    raw, _ = _stored(w, fmt)
+    alone = np.empty((200, 70), np.float32)
+    for i in range(200):
+        _gemm._linear_rows_tuned(x[i:i + 1], raw, fmt, alone[i:i + 1], 1, level)
+    for m in (1, 8, 33, 47, 48, 64, 77, 200):
+        for threads in (1, 2):
+            out = np.empty((m, 70), np.float32)
+            _gemm._linear_rows_tuned(x[:m], raw, fmt, out, threads, level)
+            assert np.array_equal(out, alone[:m]), (m, threads)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m", [2, 64])
+def test_special_values_propagate_on_both_paths(level, m):
+    x = np.ones((m, 600), np.float32)
+    w = np.ones((70, 600), np.float32)
+    x[1, 100] = np.inf
+    w[5, 550] = np.nan
+    out = np.empty((m, 70), np.float32)
+    _linear_kernel_tuned(x, w, out, 2, level)
+    assert np.isnan(out[:, 5]).all()
+    assert np.isposinf(np.delete(out[1], 5)).all()
+    rest = np.delete(np.delete(out, 1, axis=0), 5, axis=1)
+    assert np.array_equal(rest, np.full_like(rest, 600))
+
+
+def test_half_weights_keep_inf_and_nan():
+    """f16 and bf16 weights with infinities, NaN and subnormals widen exactly."""
+    x = np.random.default_rng(1).standard_normal((50, 40), dtype=np.float32)
+    w16 = np.random.default_rng(2).standard_normal((9, 40)).astype(np.float16)
+    w16[0, 3], w16[1, 7], w16[2, 0], w16[3, 39] = np.inf, -np.inf, np.nan, np.float16(3e-7)
+    for fmt, raw in (("f16", w16), ("f16", w16.view(np.uint16)),
+                     ("bf16", (w16.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))):
+        _, wide = _stored(w16.astype(np.float32), fmt) if fmt == "bf16" else (raw, w16.astype(np.float32))
+        for m in (1, 50):
+            out, ref = np.empty((m, 9), np.float32), np.empty((m, 9), np.float32)
+            _gemm.linear_rows(x[:m], raw, fmt, out)
+            linear_kernel(x[:m], wide, ref)
+            np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("cap", ["scalar", "avx2"])
+def test_widening_at_every_level(cap):
+    """The f16/bf16 decoders follow PAGEDCY_SIMD: each capped level widens exactly."""
+    import os
+    import subprocess
+    import sys
+    code = ("import numpy as np; from pagedcy._libs import _gemm\n"
+            "r = np.random.default_rng(0); x = r.standard_normal((60, 530), dtype=np.float32)\n"
+            "w = r.standard_normal((33, 530), dtype=np.float32)\n"
+            "h = w.astype(np.float16); b = (w.view(np.uint32) >> 16).astype(np.uint16)\n"
+            "for raw, wide, f in ((h, h.astype(np.float32), 'f16'),"
+            " (b, (b.astype(np.uint32) << 16).view(np.float32), 'bf16')):\n"
+            "    for m in (1, 60):\n"
+            "        o = np.empty((m, 33), np.float32); e = np.empty_like(o)\n"
+            "        _gemm._linear_rows_tuned(x[:m], raw, f, o); _gemm._linear_kernel_tuned(x[:m], wide, e)\n"
+            "        assert np.array_equal(o, e), (f, m)\n")
+    env = dict(os.environ, PAGEDCY_SIMD=cap)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+
+
+def test_linear_rows_bad_input():
+    x, w, out = _case(np.random.default_rng(0), 2, 8, 4)
+    h = w.astype(np.float16)
+    with pytest.raises(TypeError):
+        _gemm.linear_rows(x, w, "f16", out)                  # float32 is not an f16 weight
+    with pytest.raises(TypeError):
+        _gemm.linear_rows(x, h, "bf16", out)                 # bf16 takes uint16 bits
+    with pytest.raises(TypeError):
+        _gemm.linear_rows(x, h, 16, out)
+    with pytest.raises(ValueError):
+        _gemm.linear_rows(x, h, "q4", out)
+    with pytest.raises(ValueError):
+        _gemm.linear_rows(x, h[:, :7].copy(), "f16", out)
+    with pytest.raises(ValueError):
+        _gemm.linear_rows(x, h[:, ::2], "f16", np.empty((2, 4), np.float32)[:, :])
+    with pytest.raises(TypeError):
+        _gemm.linear_rows(x, h.tolist(), "f16", out)
+    with pytest.raises(TypeError):
+        _gemm.linear_rows(x, h.astype(">f2"), "f16", out)
+    _gemm.linear_rows(x, h, "f16", out)                      # still works afterwards
+    _check(out, x, h.astype(np.float32))

@@ -1,6 +1,20 @@
-# Float32 GEMM kernel (pagedcy_gemm.h): columns [n0, n1) of A @ W^T on the calling thread.
+# GEMM kernel (pagedcy_gemm.h): columns [n0, n1) of A @ W^T on the calling thread, for a
+# float32 weight (pagedcy_gemm_nt_rows) or one in any row format (pagedcy_gemm_rows_fmt:
+# a format plugs in as a pagedcy_rowfmt decoder). Both return 0, -1 when out of memory, -2
+# for a format whose block does not divide the kernel's K block.
 from libc.stdint cimport int64_t
 
+cdef extern from "pagedcy_rowfmt.h" nogil:
+    ctypedef void (*pagedcy_row_decode_fn)(const void *row, int64_t k0, int64_t nk, float *dst)
+    ctypedef struct pagedcy_rowfmt:
+        pagedcy_row_decode_fn decode
+        int64_t block
+        int64_t block_bytes
+
 cdef extern from "pagedcy_gemm.h" nogil:
-    void pagedcy_gemm_nt_rows(int simd, int M, int n0, int n1, int K, const float *A, int64_t lda,
-                              const float *W, int64_t ldw, float *C, int64_t ldc)
+    int pagedcy_gemm_nt_rows(int simd, int M, int n0, int n1, int K, const float *A, int64_t lda,
+                             const float *W, int64_t ldw, float *C, int64_t ldc)
+    int pagedcy_gemm_rows_fmt(int simd, int M, int n0, int n1, int K, const float *A, int64_t lda,
+                              const void *W, int64_t w_row_bytes, const pagedcy_rowfmt *fmt,
+                              float *C, int64_t ldc)
+    const pagedcy_rowfmt pagedcy_rowfmt_f32, pagedcy_rowfmt_f16, pagedcy_rowfmt_bf16

@@ -1,15 +1,20 @@
-"""Float32 projections ``x @ weight.T`` on pagedcy's own GEMM kernel.
+"""Projections ``x @ weight.T`` on pagedcy's own GEMM kernel, float32 activations and a
+float32, float16 or bfloat16 weight.
 
 ``linear(x, weight, out)`` is the forward pass's projection, with ``weight`` stored as
-checkpoints store it (``[out_features, in_features]``, like ``torch.nn.functional.linear``).
-It runs pagedcy's register-blocked kernel (``pagedcy_gemm.h``: AVX-512 or AVX2, picked at
-run time) on pagedcy's OpenMP threads, for a decode step's few rows as for a prefill's
-thousands; NumPy's BLAS only on CPUs without AVX2. Why not BLAS: with few rows OpenBLAS
-repacks the whole weight on every call (a 16-row decode step's projections ran at 75 GFLOP/s
-against ~200 here), and between BLAS calls its threads spin, taking the cores from the
-attention and elementwise kernels' OpenMP threads (a 2048-token prefill step's attention took
-120 ms after OpenBLAS GEMMs, 63 ms with OpenBLAS on one thread). ``linear_kernel`` is the
-kernel alone, on any CPU (scalar C without AVX2).
+checkpoints store it (``[out_features, in_features]``, like ``torch.nn.functional.linear``);
+``linear_rows(x, weight, fmt, out)`` takes the weight in a 16-bit storage format and widens
+it inside the kernel (f16/bf16 read half the bytes of f32: decode steps are bound by memory).
+Both run pagedcy's kernel (``pagedcy_gemm.h``: AVX-512 or AVX2, picked at run time) on
+pagedcy's OpenMP threads: with few rows it streams the weight once (with few rows OpenBLAS
+repacks the whole weight on every call: a 16-row decode step's projections ran at 75
+GFLOP/s against ~200 here), with many it packs it for a register-blocked micro-kernel
+(``pagedcy_gemm_pack.h``), in the same summation order, so a row's result does not depend on
+what else is in the batch. Between BLAS calls OpenBLAS's threads spin, taking the cores from
+the attention and elementwise kernels' OpenMP threads (a 2048-token prefill step's attention
+took 120 ms after OpenBLAS GEMMs, 63 ms with OpenBLAS on one thread): another reason to keep
+GEMMs here. NumPy's BLAS serves ``linear`` only on CPUs without AVX2; ``linear_kernel`` is
+the kernel alone, on any CPU (scalar C without AVX2).
 """
 import numpy as np
 cimport numpy as cnp
@@ -23,6 +28,8 @@ cnp.import_array()
 
 cdef extern from "pagedcy_gemm.h" nogil:
     int pagedcy_simd_level()
+    const pagedcy_rowfmt *pagedcy_rowfmt_for_dtype(int dtype)
+    int PAGEDCY_F32, PAGEDCY_F16, PAGEDCY_BF16
 
 # A call runs on one thread unless its weight has PARALLEL_WEIGHT_BYTES (the memory-bound
 # case, few rows) or it does PARALLEL_MACS multiply-adds (compute-bound, many rows): waking an
@@ -31,36 +38,51 @@ cdef extern from "pagedcy_gemm.h" nogil:
 # took 5.2 ms at 1 MiB, 6.0 ms at 4 MiB, 7.4 ms on one thread throughout.
 PARALLEL_WEIGHT_BYTES = 1 << 20
 PARALLEL_MACS = 8 << 20
-# Weight rows per thread start on this boundary (whole 8-row blocks).
-cdef int _ROW_ALIGN = 8
+# Weight rows per thread start on this boundary: whole micro-panels of the packed path
+# (32 rows on AVX-512, 16 on AVX2) and whole row blocks of the streaming one.
+cdef int _ROW_ALIGN = 32
 _INT_MAX = 2**31 - 1
+# Storage formats of linear_rows: name -> (pagedcy_convert.h dtype code, accepted dtypes).
+FORMATS = {"f32": (PAGEDCY_F32, (np.float32,)), "f16": (PAGEDCY_F16, (np.float16, np.uint16)),
+           "bf16": (PAGEDCY_BF16, (np.uint16,))}
 
 
-cdef int _kernel(cnp.ndarray x, cnp.ndarray w, cnp.ndarray out, int nt, int simd) except -1:
-    cdef int M = x.shape[0], K = x.shape[1], N = w.shape[0], t, blocks
+cdef int _kernel(cnp.ndarray x, cnp.ndarray w, int dtype, cnp.ndarray out, int nt,
+                 int simd) except -1:
+    cdef int M = x.shape[0], K = x.shape[1], N = w.shape[0], t, blocks, rc = 0
     cdef const float *xp = <const float *>cnp.PyArray_DATA(x)
-    cdef const float *wp = <const float *>cnp.PyArray_DATA(w)
+    cdef const void *wp = cnp.PyArray_DATA(w)
     cdef float *op = <float *>cnp.PyArray_DATA(out)
+    cdef const pagedcy_rowfmt *fmt = pagedcy_rowfmt_for_dtype(dtype)
+    cdef int64_t row_bytes = w.strides[0] if N > 1 else <int64_t>K * w.itemsize
     if M == 0 or N == 0:
         return 0
     blocks = (N + _ROW_ALIGN - 1) // _ROW_ALIGN
     if nt > blocks:
         nt = blocks
-    if not PAGEDCY_OPENMP or (4.0 * N * K < PARALLEL_WEIGHT_BYTES and <double>M * N * K < PARALLEL_MACS):
+    if not PAGEDCY_OPENMP or (<double>w.itemsize * N * K < PARALLEL_WEIGHT_BYTES
+                              and <double>M * N * K < PARALLEL_MACS):
         nt = 1
     if nt == 1:
         with nogil:
-            pagedcy_gemm_nt_rows(simd, M, 0, N, K, xp, K, wp, K, op, N)
-        return 0
-    for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
-        pagedcy_gemm_nt_rows(simd, M, _ROW_ALIGN * (blocks * t // nt),
-                             min(N, _ROW_ALIGN * (blocks * (t + 1) // nt)), K, xp, K, wp, K, op, N)
+            rc = pagedcy_gemm_rows_fmt(simd, M, 0, N, K, xp, K, wp, row_bytes, fmt, op, N)
+    else:
+        for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
+            rc |= pagedcy_gemm_rows_fmt(simd, M, _ROW_ALIGN * (blocks * t // nt),
+                                        min(N, _ROW_ALIGN * (blocks * (t + 1) // nt)), K, xp, K,
+                                        wp, row_bytes, fmt, op, N)
+    if rc:
+        raise MemoryError("out of memory for the GEMM's packing buffers")
     return 0
 
 
-cdef tuple _check(object x, object weight, object out):
+cdef tuple _check(object x, object weight, object out, str fmt="f32"):
     cdef cnp.ndarray xa = _f32(x, "x", (None, None))
-    cdef cnp.ndarray wa = _f32(weight, "weight", (None, xa.shape[1]))
+    cdef cnp.ndarray wa
+    if fmt == "f32":
+        wa = _f32(weight, "weight", (None, xa.shape[1]))
+    else:
+        wa = _weight16(weight, fmt, xa.shape[1])
     cdef cnp.ndarray oa = _f32(out, "out", (xa.shape[0], wa.shape[0]), True)
     if max(xa.shape[0], xa.shape[1], wa.shape[0]) > _INT_MAX:
         raise ValueError("matrix dimensions must be below 2**31")
@@ -69,23 +91,64 @@ cdef tuple _check(object x, object weight, object out):
     return xa, wa, oa
 
 
+cdef cnp.ndarray _weight16(object weight, str fmt, Py_ssize_t k):
+    """The [N, k] 16-bit weight of format fmt ("f16" or "bf16"), checked."""
+    if not isinstance(weight, np.ndarray):
+        raise TypeError(f"weight must be a numpy array, got {type(weight).__name__}")
+    cdef cnp.ndarray wa = <cnp.ndarray>weight
+    allowed = FORMATS[fmt][1]
+    if wa.dtype.type not in allowed or not cnp.PyArray_ISNOTSWAPPED(wa):
+        names = " or ".join(np.dtype(d).name for d in allowed)
+        raise TypeError(f"a {fmt} weight must be {names} in native byte order, got {wa.dtype.str}")
+    if wa.ndim != 2 or wa.shape[1] != k:
+        raise ValueError(f"weight must have shape [?, {k}], got {(<object>wa).shape}")
+    if not cnp.PyArray_IS_C_CONTIGUOUS(wa):
+        raise ValueError("weight must be C-contiguous")
+    return wa
+
+
+cdef int _dtype_code(object fmt) except -1:
+    if not isinstance(fmt, str):
+        raise TypeError(f"fmt must be a str, got {type(fmt).__name__}")
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {sorted(FORMATS)}, got {fmt!r}")
+    return FORMATS[fmt][0]
+
+
 def linear_kernel(x, weight, out, num_threads=None):
     """``out[...] = x @ weight.T`` with pagedcy's kernel: ``x`` float32 ``[M, K]``, ``weight``
     float32 ``[N, K]``, ``out`` float32 ``[M, N]``, all C-contiguous, ``out`` overlapping
     neither. Weight rows are split over ``num_threads`` OpenMP threads. TypeError for a
     non-array or non-float32 input, ValueError for shapes, contiguity or overlap. Returns
     ``out``."""
-    return _linear_kernel_tuned(x, weight, out, num_threads)
+    return _linear_rows_tuned(x, weight, "f32", out, num_threads)
 
 
 def _linear_kernel_tuned(x, weight, out, num_threads=None, max_simd=2):
     """Private: ``linear_kernel`` with the instruction set capped at ``max_simd`` (0 scalar,
     1 AVX2, 2 AVX-512), for tests and benchmarks."""
-    xa, wa, oa = _check(x, weight, out)
+    return _linear_rows_tuned(x, weight, "f32", out, num_threads, max_simd)
+
+
+def _linear_rows_tuned(x, weight, fmt, out, num_threads=None, max_simd=2):
+    """Private: ``linear_rows`` on pagedcy's kernel on any CPU, the instruction set capped at
+    ``max_simd`` (0 scalar, 1 AVX2, 2 AVX-512), for tests and benchmarks."""
+    cdef int dtype = _dtype_code(fmt)
+    xa, wa, oa = _check(x, weight, out, fmt)
     cdef int nt = resolve_num_threads(num_threads)
     cdef int simd = min(int(max_simd), pagedcy_simd_level())
-    _kernel(xa, wa, oa, nt, simd)
+    _kernel(xa, wa, dtype, oa, nt, simd)
     return out
+
+
+def linear_rows(x, weight, fmt, out, num_threads=None):
+    """``out[...] = x @ widen(weight).T`` for a weight in storage format ``fmt``: ``"f32"``
+    (float32), ``"f16"`` (float16, or its bits as uint16) or ``"bf16"`` (bfloat16 bits as
+    uint16); ``x`` float32 ``[M, K]``, ``weight`` ``[N, K]``, ``out`` float32 ``[M, N]``, all
+    C-contiguous. Bit for bit ``linear`` on the weight widened to float32 (with AVX2).
+    TypeError for a wrong dtype or a non-str ``fmt``, ValueError for an unknown ``fmt``,
+    shapes, contiguity or overlap. Returns ``out``."""
+    return _linear_rows_tuned(x, weight, fmt, out, num_threads)
 
 
 def linear(x, weight, out, num_threads=None):
@@ -96,7 +159,7 @@ def linear(x, weight, out, num_threads=None):
     xa, wa, oa = _check(x, weight, out)
     cdef int simd = pagedcy_simd_level()
     if simd >= 1:
-        _kernel(xa, wa, oa, resolve_num_threads(num_threads), simd)
+        _kernel(xa, wa, PAGEDCY_F32, oa, resolve_num_threads(num_threads), simd)
     else:
         np.matmul(xa, wa.T, out=oa)
     return out

@@ -1,31 +1,30 @@
-/* Float32 GEMM with a row-major weight: C[M, N] = A[M, K] @ W[N, K]^T, for
- * the few rows of a decode step as for a prefill's thousands (W as
- * checkpoints store a projection, output-major).
+/* GEMM with a row-major weight: C[M, N] = A[M, K] @ W[N, K]^T, for the few
+ * rows of a decode step as for a prefill's thousands (W as checkpoints store a
+ * projection, output-major), W in any row format (pagedcy_rowfmt.h: float32,
+ * float16, bfloat16 here, block formats elsewhere): pagedcy_gemm_rows_fmt.
  *
- * Why not BLAS: for M up to a few dozen rows OpenBLAS repacks the whole of W
- * on every call, and its small-M paths leave most of the FMA rate unused: a
- * decode step of the engine benchmark's model ran its projections at 75
- * GFLOP/s with 16 rows, against ~200 for large M, on the 2-core EPYC. For
- * large M this kernel matches it (pagedcy._libs._gemm says why it serves
- * there too).
+ * Two paths, one summation order. Few rows (M < PG_PACK_MIN_M): every output is
+ * a dot product of a row of A with a row of W, so W is read front to back, once
+ * per block of NB of its rows and K block, in long sequential runs the hardware
+ * prefetchers follow from DRAM (OpenBLAS repacks all of W per call and leaves
+ * most of the FMA rate unused there). The MR x NB accumulators hold 16 (AVX-512)
+ * or 8 (AVX2) lanes of partial sums each, reduced by a fixed tree (pg_hsum8x8)
+ * at the end of each K block. Many rows: pagedcy_gemm_pack.h packs W and A for a
+ * BLIS-style register-blocked micro-kernel that computes the very same lane sums
+ * and tree, so both paths give the same bits.
  *
- * Here every output is a dot product of a row of A with a row of W, so W is
- * read front to back, once per block of NB of its rows, in long sequential
- * runs the hardware prefetchers follow from DRAM; the block (NB x K floats)
- * then stays in L1/L2 while each block of MR rows of A passes over it. The
- * MR x NB accumulators hold 16 (AVX-512) or 8 (AVX2) partial sums each, kept
- * in registers over all of K and reduced once at the end, eight outputs of a
- * row at a time, so one reduction serves K/16 fused multiply-adds.
- *
- * The caller splits W's rows between threads (pagedcy_gemm_nt_rows takes a
- * row range). The summation order depends only on K and the instruction set,
- * so a row of C does not depend on M, the thread split or its row block.
+ * The caller splits W's rows between threads (a row range per call). The
+ * summation order depends only on K and the instruction set, so a row of C does
+ * not depend on M, the thread split, its row block or the path.
  */
 #ifndef PAGEDCY_GEMM_H
 #define PAGEDCY_GEMM_H
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include "pagedcy_convert.h"
+#include "pagedcy_gemm_fmt.h"
 
 /* Software prefetch of W: blocks ahead and locality (2: prefetcht1, into L2).
  * 4-8 blocks ahead into L2 beat 1 block into L1 by ~1.3x on the decode step's
@@ -36,10 +35,10 @@ static inline int pg_min(int a, int b) { return a < b ? a : b; }
 
 /* Plain C, for CPUs without AVX2 (and as the tests' third path). */
 static void pg_tile_scalar(int mr, int nb, int K, const float *A, int64_t lda, const float *W,
-                           int64_t ldw, float *C, int64_t ldc) {
+                           int64_t ldw, float *C, int64_t ldc, int first) {
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nb; j++) {
-            float s = 0.0f;
+            float s = first ? 0.0f : C[i * ldc + j];   /* one sequential sum over all of K */
             for (int k = 0; k < K; k++) s += A[i * lda + k] * W[j * ldw + k];
             C[i * ldc + j] = s;
         }
@@ -50,11 +49,11 @@ static void pg_tile_scalar(int mr, int nb, int K, const float *A, int64_t lda, c
 /* The accumulators only stay in registers once every loop over them is
  * unrolled (without this GCC 12 kept them on the stack: 4x slower). */
 #define PG_UNROLL _Pragma("GCC unroll 16")
-#define PG_AVX512_INLINE __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"), \
+#define PG_AVX512_INLINE __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c"), \
                                         always_inline)) static inline
-#define PG_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")))
-#define PG_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
-#define PG_AVX2 __attribute__((target("avx2,fma")))
+#define PG_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma,f16c")))
+#define PG_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+#define PG_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 /* The next pf_step bytes at *pf toward L2 (nothing when *pf is NULL). */
 static inline __attribute__((always_inline)) void pg_prefetch(const char **pf, int64_t pf_step) {
@@ -76,10 +75,45 @@ PG_AVX2_INLINE __m256i pg_mask8(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* c[0 .. n) = s (the first K block) or c + s (the later ones): every path adds a
+ * K block's sum to the row's running sum this way, so they agree bit for bit. */
+PG_AVX2_INLINE void pg_store_sum(float *c, __m256 s, int first, int n) {
+    if (n == 8) {
+        _mm256_storeu_ps(c, first ? s : _mm256_add_ps(_mm256_loadu_ps(c), s));
+    } else {
+        const __m256i m = pg_mask8(n);
+        _mm256_maskstore_ps(c, m, first ? s : _mm256_add_ps(_mm256_maskload_ps(c, m), s));
+    }
+}
+
 /* MR rows of A against NB (<= 8) rows of W, 16 k at a time. */
-PG_AVX512_INLINE void pg_tile_z(int K, const float *A, int64_t lda, const float *W, int64_t ldw,
-                                float *C, int64_t ldc, const char *pf, int64_t pf_step, const int MR,
-                                const int NB) {
+/* Weights in the streaming tiles: FMT 0 float32, 1 float16, 2 bfloat16 (bits), widened
+ * in registers (a decode step reads half the bytes of float32). Index idx in elements. */
+PG_AVX512_INLINE __m512 pg_wload_z(const void *W, int64_t idx, __mmask16 m, int full, const int FMT) {
+    if (FMT == 0) return full ? _mm512_loadu_ps((const float *)W + idx) : _mm512_maskz_loadu_ps(m, (const float *)W + idx);
+    const uint16_t *p = (const uint16_t *)W + idx;
+    const __m256i h = full ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
+    if (FMT == 1) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* f16 (FMT 1) or bf16 (FMT 2) elements [idx, idx + min(n, 8)), widened (zeros past n). */
+PG_AVX2_INLINE __m256 pg_wload_y(const void *W, int64_t idx, int n, const int FMT) {
+    const uint16_t *p = (const uint16_t *)W + idx;
+    __m128i h;
+    if (n >= 8) h = _mm_loadu_si128((const __m128i *)p);
+    else {                      /* AVX2 has no 16-bit masked load: the K tail via a copy */
+        uint16_t t[8] = {0};
+        memcpy(t, p, (size_t)n * 2);
+        h = _mm_loadu_si128((const __m128i *)t);
+    }
+    if (FMT == 1) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+PG_AVX512_INLINE void pg_tile_z(int K, const float *A, int64_t lda, const void *W, int64_t ldw,
+                                float *C, int64_t ldc, const char *pf, int64_t pf_step, int first,
+                                const int FMT, const int MR, const int NB) {
     __m512 c[4][8];
     PG_UNROLL
     for (int i = 0; i < MR; i++)
@@ -93,7 +127,7 @@ PG_AVX512_INLINE void pg_tile_z(int K, const float *A, int64_t lda, const float 
         for (int i = 0; i < MR; i++) a[i] = _mm512_loadu_ps(A + i * lda + k);
         PG_UNROLL
         for (int j = 0; j < NB; j++) {
-            const __m512 w = _mm512_loadu_ps(W + j * ldw + k);
+            const __m512 w = pg_wload_z(W, j * ldw + k, 0, 1, FMT);
             PG_UNROLL
             for (int i = 0; i < MR; i++) c[i][j] = _mm512_fmadd_ps(a[i], w, c[i][j]);
         }
@@ -105,7 +139,7 @@ PG_AVX512_INLINE void pg_tile_z(int K, const float *A, int64_t lda, const float 
         for (int i = 0; i < MR; i++) a[i] = _mm512_maskz_loadu_ps(m, A + i * lda + k);
         PG_UNROLL
         for (int j = 0; j < NB; j++) {
-            const __m512 w = _mm512_maskz_loadu_ps(m, W + j * ldw + k);
+            const __m512 w = pg_wload_z(W, j * ldw + k, m, 0, FMT);
             PG_UNROLL
             for (int i = 0; i < MR; i++) c[i][j] = _mm512_fmadd_ps(a[i], w, c[i][j]);
         }
@@ -117,29 +151,30 @@ PG_AVX512_INLINE void pg_tile_z(int K, const float *A, int64_t lda, const float 
         for (int j = 0; j < 8; j++)
             h[j] = j < NB ? _mm256_add_ps(_mm512_castps512_ps256(c[i][j]), _mm512_extractf32x8_ps(c[i][j], 1))
                           : _mm256_setzero_ps();
-        const __m256 s = pg_hsum8x8(h);
-        if (NB == 8) _mm256_storeu_ps(C + i * ldc, s);
-        else _mm256_maskstore_ps(C + i * ldc, pg_mask8(NB), s);
+        pg_store_sum(C + i * ldc, pg_hsum8x8(h), first, NB);
     }
 }
 
-#define PG_Z_CASE(MR_, NB_) \
-    case (MR_) * 16 + (NB_): pg_tile_z(K, A, lda, W, ldw, C, ldc, pf, pf_step, MR_, NB_); break;
-#define PG_Z_ROW(MR_) PG_Z_CASE(MR_, 1) PG_Z_CASE(MR_, 2) PG_Z_CASE(MR_, 3) PG_Z_CASE(MR_, 4) \
-                      PG_Z_CASE(MR_, 5) PG_Z_CASE(MR_, 6) PG_Z_CASE(MR_, 7) PG_Z_CASE(MR_, 8)
+#define PG_Z_CASE(F_, MR_, NB_) \
+    case (F_) * 256 + (MR_) * 16 + (NB_): pg_tile_z(K, A, lda, W, ldw, C, ldc, pf, pf_step, first, F_, MR_, NB_); break;
+#define PG_Z_ROW(F_, MR_) PG_Z_CASE(F_, MR_, 1) PG_Z_CASE(F_, MR_, 2) PG_Z_CASE(F_, MR_, 3) PG_Z_CASE(F_, MR_, 4) \
+                          PG_Z_CASE(F_, MR_, 5) PG_Z_CASE(F_, MR_, 6) PG_Z_CASE(F_, MR_, 7) PG_Z_CASE(F_, MR_, 8)
+#define PG_Z_FMT(F_) PG_Z_ROW(F_, 1) PG_Z_ROW(F_, 2) PG_Z_ROW(F_, 3) PG_Z_ROW(F_, 4)
 
-PG_AVX512 static void pg_tile_avx512(int mr, int nb, int K, const float *A, int64_t lda, const float *W,
-                                     int64_t ldw, float *C, int64_t ldc, const char *pf, int64_t pf_step) {
-    switch (mr * 16 + nb) {
-        PG_Z_ROW(1) PG_Z_ROW(2) PG_Z_ROW(3) PG_Z_ROW(4)
+/* ldw in elements of the format fmt (0 f32, 1 f16, 2 bf16). */
+PG_AVX512 static void pg_tile_avx512(int mr, int nb, int K, const float *A, int64_t lda, const void *W,
+                                     int64_t ldw, float *C, int64_t ldc, const char *pf, int64_t pf_step,
+                                     int first, int fmt) {
+    switch (fmt * 256 + mr * 16 + nb) {
+        PG_Z_FMT(0) PG_Z_FMT(1) PG_Z_FMT(2)
         default: break;
     }
 }
 
 /* AVX2: 16 registers, so MR x NB <= 3 x 4 accumulators of 8 floats. */
-PG_AVX2_INLINE void pg_tile_y(int K, const float *A, int64_t lda, const float *W, int64_t ldw,
-                              float *C, int64_t ldc, const char *pf, int64_t pf_step, const int MR,
-                              const int NB) {
+PG_AVX2_INLINE void pg_tile_y(int K, const float *A, int64_t lda, const void *W, int64_t ldw,
+                              float *C, int64_t ldc, const char *pf, int64_t pf_step, int first,
+                              const int FMT, const int MR, const int NB) {
     __m256 c[3][4];
     PG_UNROLL
     for (int i = 0; i < MR; i++)
@@ -156,7 +191,9 @@ PG_AVX2_INLINE void pg_tile_y(int K, const float *A, int64_t lda, const float *W
             a[i] = full ? _mm256_loadu_ps(A + i * lda + k) : _mm256_maskload_ps(A + i * lda + k, m);
         PG_UNROLL
         for (int j = 0; j < NB; j++) {
-            const __m256 w = full ? _mm256_loadu_ps(W + j * ldw + k) : _mm256_maskload_ps(W + j * ldw + k, m);
+            const float *wf = (const float *)W + j * ldw + k;
+            const __m256 w = FMT != 0 ? pg_wload_y(W, j * ldw + k, full ? 8 : K - k, FMT)
+                           : full ? _mm256_loadu_ps(wf) : _mm256_maskload_ps(wf, m);
             PG_UNROLL
             for (int i = 0; i < MR; i++) c[i][j] = _mm256_fmadd_ps(a[i], w, c[i][j]);
         }
@@ -166,87 +203,158 @@ PG_AVX2_INLINE void pg_tile_y(int K, const float *A, int64_t lda, const float *W
         __m256 h[8];
         PG_UNROLL
         for (int j = 0; j < 8; j++) h[j] = j < NB ? c[i][j] : _mm256_setzero_ps();
-        _mm256_maskstore_ps(C + i * ldc, pg_mask8(NB), pg_hsum8x8(h));
+        pg_store_sum(C + i * ldc, pg_hsum8x8(h), first, NB);
     }
 }
 
-#define PG_Y_CASE(MR_, NB_) \
-    case (MR_) * 16 + (NB_): pg_tile_y(K, A, lda, W, ldw, C, ldc, pf, pf_step, MR_, NB_); break;
-#define PG_Y_ROW(MR_) PG_Y_CASE(MR_, 1) PG_Y_CASE(MR_, 2) PG_Y_CASE(MR_, 3) PG_Y_CASE(MR_, 4)
+#define PG_Y_CASE(F_, MR_, NB_) \
+    case (F_) * 256 + (MR_) * 16 + (NB_): pg_tile_y(K, A, lda, W, ldw, C, ldc, pf, pf_step, first, F_, MR_, NB_); break;
+#define PG_Y_ROW(F_, MR_) PG_Y_CASE(F_, MR_, 1) PG_Y_CASE(F_, MR_, 2) PG_Y_CASE(F_, MR_, 3) PG_Y_CASE(F_, MR_, 4)
+#define PG_Y_FMT(F_) PG_Y_ROW(F_, 1) PG_Y_ROW(F_, 2) PG_Y_ROW(F_, 3)
 
-PG_AVX2 static void pg_tile_avx2(int mr, int nb, int K, const float *A, int64_t lda, const float *W,
-                                 int64_t ldw, float *C, int64_t ldc, const char *pf, int64_t pf_step) {
-    switch (mr * 16 + nb) {
-        PG_Y_ROW(1) PG_Y_ROW(2) PG_Y_ROW(3)
+PG_AVX2 static void pg_tile_avx2(int mr, int nb, int K, const float *A, int64_t lda, const void *W,
+                                 int64_t ldw, float *C, int64_t ldc, const char *pf, int64_t pf_step,
+                                 int first, int fmt) {
+    switch (fmt * 256 + mr * 16 + nb) {
+        PG_Y_FMT(0) PG_Y_FMT(1) PG_Y_FMT(2)
         default: break;
     }
 }
+#include "pagedcy_gemm_pack.h"
 #else
 #define PG_HAVE_SIMD 0
 #endif
 
-/* Columns [n0, n1) of C = A @ W^T (every row of A; rows [n0, n1) of W), on
- * the calling thread. simd: a PAGEDCY_SIMD_* cap; the CPU and the build may
- * lower it. */
-static void pg_gemm_nt_chunk(int simd, int M, int n0, int n1, int K, const float *A, int64_t lda,
-                             const float *W, int64_t ldw, float *C, int64_t ldc) {
-    int level = 0, nb_max = 8, mr_max = 3;
+/* K block: every path sums an output block by block, kc = PG_KC elements at a
+ * time (the last block shorter), adding each block's sum to the running sum of
+ * the row (first block: the sum itself). Fixed here, not tuned per machine,
+ * because it is part of the summation order; a multiple of every block format's
+ * block (GGUF's largest is 256), so block decoders can decode K block by K block. */
+#define PG_KC 512
+/* Rows of A from which the packed path beats streaming W once per row block
+ * (measured on the 2 MiB-L2 Xeon, 1 thread: at 32 rows streaming ran ~1.1x
+ * (AVX2) to ~1.3x (AVX-512) faster, at 48 to 64 they were even, at 128 packing
+ * won by 1.25x). Both give the same bits, so this only moves the speed. */
+#define PG_PACK_MIN_M 48
+
+/* Streaming path: columns [n0, n1) of C for few rows of A. W goes by once per
+ * block of nb_max rows and K block; each block is then in L1 while every row
+ * block of A passes over it. f32 rows are read in place, other formats decoded
+ * into scratch (nb_max x PG_KC floats). */
+static void pg_gemm_stream(int level, int M, int n0, int n1, int K, const float *A, int64_t lda,
+                           const void *W, int64_t wrb, const pagedcy_rowfmt *fmt, float *C, int64_t ldc,
+                           float *scratch) {
+    int nb_max = 8, mr_max = 3;
 #if PG_HAVE_SIMD
-    if (simd >= PAGEDCY_SIMD_AVX512 && pagedcy_cpu_has_avx512()) {
-        /* 4 x 6 accumulators (24 of the 32 registers) ran at ~95% of the FMA peak
-         * with the block in cache, against ~60% for 3 x 8; up to 3 rows, wider blocks
-         * of W keep more of it streaming at once (a GEMV is bound by memory). */
-        level = 2;
-        if (M > 3) { nb_max = 6; mr_max = 4; }
-    }
-    else if (simd >= PAGEDCY_SIMD_AVX2 && pagedcy_cpu_has_avx2_fma()) { level = 1; nb_max = 4; mr_max = 3; }
-#else
-    (void)simd;
+    if (level == 2 && M > 3) { nb_max = 6; mr_max = 4; }
+    /* 4 x 6 accumulators (24 of the 32 registers) ran at ~95% of the FMA peak
+     * with the block in cache, against ~60% for 3 x 8; up to 3 rows, wider blocks
+     * of W keep more of it streaming at once (a GEMV is bound by memory). */
+    else if (level == 1) nb_max = 4;
 #endif
+    /* Formats the tiles widen in registers: f32 (read in place), f16, bf16 (the
+     * latter two only with SIMD); any other is decoded into scratch first. */
+    const int wfmt = pagedcy_rowfmt_is_f32(fmt) ? 0 : !level ? -1 : fmt->decode == pagedcy_decode_f16 ? 1
+                   : fmt->decode == pagedcy_decode_bf16 ? 2 : -1;
+    const int64_t ldw_in = wfmt == 0 ? wrb / 4 : wrb / 2;
     const int nblk = (M + mr_max - 1) / mr_max;           /* row blocks of near-equal size */
+    const int nkb = (K + PG_KC - 1) / PG_KC;
     for (int n = n0; n < n1; n += nb_max) {
         const int nb = pg_min(nb_max, n1 - n);
-        const float *w = W + (int64_t)n * ldw;
-        for (int bi = 0, m = 0; bi < nblk; bi++) {
-            const int mr = (M - m + (nblk - bi) - 1) / (nblk - bi);
-            const float *a = A + (int64_t)m * lda;
-            float *c = C + (int64_t)m * ldc + n;
-#if PG_HAVE_SIMD
-            /* The first row block pulls the block of W PG_PF_BLOCKS ahead (contiguous
-             * when ldw == K) toward L2, a few lines per k step: a block is only NB short
-             * runs, too short for the hardware prefetchers to ramp up on. */
-            const char *pf = NULL;
-            int64_t pf_step = 0;
-            const int ahead = n + PG_PF_BLOCKS * nb_max;
-            if (bi == 0 && ahead < n1 && ldw == K) {
-                const int vw = level == 2 ? 16 : 8;
-                pf = (const char *)(W + (int64_t)ahead * ldw);
-                pf_step = ((int64_t)pg_min(nb_max, n1 - ahead) * K * 4 / ((K + vw - 1) / vw) + 63) & ~63;
+        const char *wrow = (const char *)W + (int64_t)n * wrb;
+        /* The block of W PG_PF_BLOCKS ahead goes toward L2 (its rows are contiguous),
+         * a share per K block: a block is only NB short runs, too short for the
+         * hardware prefetchers to ramp up on. */
+        const int ahead = n + PG_PF_BLOCKS * nb_max;
+        const int64_t ahead_bytes = ahead < n1 ? (int64_t)pg_min(nb_max, n1 - ahead) * wrb : 0;
+        for (int kb = 0; kb < nkb; kb++) {
+            const int k0 = kb * PG_KC, kc = pg_min(PG_KC, K - k0);
+            const void *w = wfmt == 0 ? (const void *)((const float *)wrow + k0)
+                                       : (const void *)((const uint16_t *)wrow + k0);
+            int64_t ldw = ldw_in;
+            int tf = wfmt;
+            const char *pf = ahead_bytes ? (const char *)W + (int64_t)ahead * wrb + ahead_bytes * kb / nkb : NULL;
+            const int64_t pf_len = ahead_bytes ? ahead_bytes * (kb + 1) / nkb - ahead_bytes * kb / nkb : 0;
+            if (wfmt < 0) {
+                tf = 0;
+                for (int64_t p = 0; pf && p < pf_len; p += 64) __builtin_prefetch(pf + p, 0, PG_PF_LOC);
+                pf = NULL;
+                for (int j = 0; j < nb; j++) fmt->decode(wrow + j * wrb, k0, kc, scratch + (int64_t)j * PG_KC);
+                w = scratch;
+                ldw = PG_KC;
             }
-            if (level == 2) pg_tile_avx512(mr, nb, K, a, lda, w, ldw, c, ldc, pf, pf_step);
-            else if (level == 1) pg_tile_avx2(mr, nb, K, a, lda, w, ldw, c, ldc, pf, pf_step);
-            else
+            for (int bi = 0, m = 0; bi < nblk; bi++) {
+                const int mr = (M - m + (nblk - bi) - 1) / (nblk - bi);
+                const float *a = A + (int64_t)m * lda + k0;
+                float *c = C + (int64_t)m * ldc + n;
+#if PG_HAVE_SIMD
+                const char *p = bi == 0 ? pf : NULL;
+                const int vw = level == 2 ? 16 : 8;
+                const int64_t pf_step = p ? (pf_len / ((kc + vw - 1) / vw) + 63) & ~63 : 0;
+                if (level == 2) pg_tile_avx512(mr, nb, kc, a, lda, w, ldw, c, ldc, p, pf_step, kb == 0, tf);
+                else if (level == 1) pg_tile_avx2(mr, nb, kc, a, lda, w, ldw, c, ldc, p, pf_step, kb == 0, tf);
+                else
 #endif
-            pg_tile_scalar(mr, nb, K, a, lda, w, ldw, c, ldc);
-            m += mr;
+                pg_tile_scalar(mr, nb, kc, a, lda, (const float *)w, ldw, c, ldc, kb == 0);
+                m += mr;
+            }
         }
     }
 }
 
-/* Columns [n0, n1) of C = A @ W^T (every row of A; rows [n0, n1) of W), on
- * the calling thread. simd: a PAGEDCY_SIMD_* cap; the CPU and the build may
- * lower it. Rows of A go in chunks of ~PG_A_CHUNK_BYTES, so a chunk stays in
- * L2 while the thread's part of W streams past it once per chunk (from L3
- * after the first): without chunks a prefill's 2048 rows were re-read from
- * memory for every block of W. */
-#define PG_A_CHUNK_BYTES (256 * 1024)
-static void pagedcy_gemm_nt_rows(int simd, int M, int n0, int n1, int K, const float *A, int64_t lda,
-                                 const float *W, int64_t ldw, float *C, int64_t ldc) {
-    int mc = (int)(PG_A_CHUNK_BYTES / ((int64_t)4 * (K > 0 ? K : 1))) & ~3;
-    if (mc < 4) mc = 4;
-    for (int m0 = 0; m0 < M; m0 += mc)
-        pg_gemm_nt_chunk(simd, pg_min(mc, M - m0), n0, n1, K, A + (int64_t)m0 * lda, lda, W, ldw,
-                         C + (int64_t)m0 * ldc, ldc);
+/* Columns [n0, n1) of C[M, N] = A[M, K] @ W^T, on the calling thread, for a
+ * weight W of N rows stored in any row format: row n starts w_row_bytes * n
+ * bytes into W and fmt->decode widens a range of it to float32 (the format's
+ * block must divide PG_KC: ranges start at multiples of PG_KC). The entry
+ * point for every weight format: a format only supplies its decoder; with few
+ * rows it decodes nb rows of a K block into an L1 scratch for the streaming
+ * tile, with many it is called by the packer.
+ *
+ * simd: a PAGEDCY_SIMD_* cap; the CPU and the build may lower it. For a given
+ * level the result does not depend on M, on [n0, n1) or on the path taken (few
+ * rows stream W, many rows pack it): every output is summed in the same order,
+ * which depends on K and the level only. The result equals the float32 GEMM on
+ * the decoded weight bit for bit.
+ *
+ * Returns 0; -1 when out of memory; -2 when fmt's block does not divide PG_KC. */
+static int pagedcy_gemm_rows_fmt(int simd, int M, int n0, int n1, int K, const float *A, int64_t lda,
+                                 const void *W, int64_t w_row_bytes, const pagedcy_rowfmt *fmt, float *C,
+                                 int64_t ldc) {
+    if (fmt->block < 1 || PG_KC % fmt->block) return -2;
+    if (M <= 0 || n1 <= n0) return 0;
+    if (K <= 0) {
+        for (int i = 0; i < M; i++) memset(C + (int64_t)i * ldc + n0, 0, (size_t)(n1 - n0) * sizeof(float));
+        return 0;
+    }
+    int level = 0;
+#if PG_HAVE_SIMD
+    if (simd >= PAGEDCY_SIMD_AVX512 && pagedcy_cpu_has_avx512()) level = 2;
+    else if (simd >= PAGEDCY_SIMD_AVX2 && pagedcy_cpu_has_avx2_fma()) level = 1;
+    if (level && M >= PG_PACK_MIN_M)
+        return pg_gemm_packed(level, PG_KC, M, n0, n1, K, A, lda, W, w_row_bytes, fmt, C, ldc);
+#else
+    (void)simd;
+#endif
+    float *scratch = NULL;
+    if (!pagedcy_rowfmt_is_f32(fmt)) {       /* (f16/bf16 with SIMD need none, but it is small) */
+#if PG_HAVE_SIMD
+        scratch = pg_pack_buffer((size_t)8 * PG_KC);
+#else
+        scratch = (float *)malloc((size_t)8 * PG_KC * sizeof(float));
+#endif
+        if (!scratch) return -1;
+    }
+    pg_gemm_stream(level, M, n0, n1, K, A, lda, W, w_row_bytes, fmt, C, ldc, scratch);
+#if !PG_HAVE_SIMD
+    free(scratch);
+#endif
+    return 0;
+}
+
+/* The float32 case: W[N, K] float32 rows ldw floats apart. */
+static inline int pagedcy_gemm_nt_rows(int simd, int M, int n0, int n1, int K, const float *A, int64_t lda,
+                                const float *W, int64_t ldw, float *C, int64_t ldc) {
+    return pagedcy_gemm_rows_fmt(simd, M, n0, n1, K, A, lda, W, ldw * 4, &pagedcy_rowfmt_f32, C, ldc);
 }
 
 #endif
