@@ -78,6 +78,7 @@ def test_chunked_fallback_equals_widening_the_whole_weight(monkeypatch, fmt):
     w = rng.standard_normal((203, 96), dtype=np.float32)
     x = rng.standard_normal((5, 96), dtype=np.float32)
     wt = {t.format: t for t in _weights(w)}[fmt]
+    monkeypatch.setattr(L, "_native", lambda fmt: None)     # the fallback, not the kernels
     want = np.empty((5, 203), np.float32)
     L.DenseWeight(wt.dense()).linear(x, want, 1)
     for scratch in (96 * 4 * 7, 96 * 4 * 64, L.SCRATCH_BYTES):   # 7 and 64 rows a chunk, all
@@ -133,9 +134,8 @@ def test_bad_inputs_raise():
 
 
 def test_native_entry_point_is_used_when_present(monkeypatch):
-    """With ``_gemm.linear_rows`` (the native kernels' entry point), 16-bit and block weights
-    call it with their stored rows and format name; ``_gemm.ROW_FORMATS``, when declared,
-    limits it to the formats it lists (the others keep the fallback)."""
+    """16-bit and block weights call ``_gemm.linear_rows`` with their stored rows and the
+    GEMM's format name; a format the GEMM does not list keeps the fallback."""
     from pagedcy._libs import _gemm
 
     calls = []
@@ -145,17 +145,32 @@ def test_native_entry_point_is_used_when_present(monkeypatch):
         out[...] = 7.0
         return out
 
-    monkeypatch.setattr(_gemm, "linear_rows", fake, raising=False)
+    monkeypatch.setattr(_gemm, "linear_rows", fake)
     w = np.ones((4, 32), np.float32)
     x = np.ones((2, 32), np.float32)
     for wt in _weights(w)[1:]:
         out = np.zeros((2, 4), np.float32)
         wt.linear(x, out)
         assert np.all(out == 7.0)
-    assert calls == [("float16", np.uint16), ("bfloat16", np.uint16), ("q8_0", np.uint8),
+    assert calls == [("f16", np.uint16), ("bf16", np.uint16), ("q8_0", np.uint8),
                      ("q4_0", np.uint8)]
-    monkeypatch.setattr(_gemm, "ROW_FORMATS", ("bfloat16",), raising=False)
+    monkeypatch.setattr(_gemm, "BLOCK_FORMATS", {"q4_0": 2})
     out = np.zeros((2, 4), np.float32)
     _weights(w)[3].linear(x, out)                     # q8_0: not listed, the fallback
     np.testing.assert_allclose(out, 32.0, rtol=1e-3)      # x @ dequantized ones
     assert len(calls) == 4
+
+
+def test_native_block_and_half_weights_equal_the_widened_weight_for_every_batch():
+    """The GEMM's row decoders give, bit for bit, the float32 GEMM on the widened weight, for
+    every M (streaming and packed paths): batch invariance across formats."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((70, 1024), dtype=np.float32)
+    for wt in _weights(w)[1:]:
+        dense = L.DenseWeight(wt.dense())
+        for m in (1, 5, 47, 48, 130):
+            x = rng.standard_normal((m, 1024), dtype=np.float32)
+            got, want = np.empty((m, 70), np.float32), np.empty((m, 70), np.float32)
+            wt.linear(x, got, 2)
+            dense.linear(x, want, 2)
+            np.testing.assert_array_equal(got, want, err_msg=f"{wt.format} M={m}")

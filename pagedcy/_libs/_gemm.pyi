@@ -4,6 +4,7 @@ import numpy.typing as npt
 PARALLEL_MACS: int
 PARALLEL_WEIGHT_BYTES: int
 FORMATS: dict[str, tuple[int, tuple[type, ...]]]
+BLOCK_FORMATS: dict[str, int]
 
 def linear_kernel(x: npt.NDArray[np.float32], weight: npt.NDArray[np.float32],
                   out: npt.NDArray[np.float32], num_threads: int | None = ...) -> npt.NDArray[np.float32]: ...

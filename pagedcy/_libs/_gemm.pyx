@@ -31,6 +31,9 @@ cdef extern from "pagedcy_gemm.h" nogil:
     const pagedcy_rowfmt *pagedcy_rowfmt_for_dtype(int dtype)
     int PAGEDCY_F32, PAGEDCY_F16, PAGEDCY_BF16
 
+cdef extern from "pagedcy_quant.h" nogil:
+    const pagedcy_rowfmt *pagedcy_quant_rowfmt(int ggml_type, int simd_level)
+
 # A call runs on one thread unless its weight has PARALLEL_WEIGHT_BYTES (the memory-bound
 # case, few rows) or it does PARALLEL_MACS multiply-adds (compute-bound, many rows): waking an
 # OpenMP worker costs about what one thread takes to stream a weight of that size. Measured
@@ -45,22 +48,25 @@ _INT_MAX = 2**31 - 1
 # Storage formats of linear_rows: name -> (pagedcy_convert.h dtype code, accepted dtypes).
 FORMATS = {"f32": (PAGEDCY_F32, (np.float32,)), "f16": (PAGEDCY_F16, (np.float16, np.uint16)),
            "bf16": (PAGEDCY_BF16, (np.uint16,))}
+# GGUF block formats of linear_rows (weight: raw uint8 rows [N, row_bytes] as the file stores
+# them): name -> GGML type number. Their decoders (pagedcy_quant.h) plug into the same kernel.
+BLOCK_FORMATS = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_k": 12, "q5_k": 13,
+                 "q6_k": 14}
 
 
-cdef int _kernel(cnp.ndarray x, cnp.ndarray w, int dtype, cnp.ndarray out, int nt,
-                 int simd) except -1:
+cdef int _kernel(cnp.ndarray x, cnp.ndarray w, const pagedcy_rowfmt *fmt, cnp.ndarray out,
+                 int nt, int simd) except -1:
     cdef int M = x.shape[0], K = x.shape[1], N = w.shape[0], t, blocks, rc = 0
     cdef const float *xp = <const float *>cnp.PyArray_DATA(x)
     cdef const void *wp = cnp.PyArray_DATA(w)
     cdef float *op = <float *>cnp.PyArray_DATA(out)
-    cdef const pagedcy_rowfmt *fmt = pagedcy_rowfmt_for_dtype(dtype)
-    cdef int64_t row_bytes = w.strides[0] if N > 1 else <int64_t>K * w.itemsize
+    cdef int64_t row_bytes = <int64_t>K // fmt.block * fmt.block_bytes
     if M == 0 or N == 0:
         return 0
     blocks = (N + _ROW_ALIGN - 1) // _ROW_ALIGN
     if nt > blocks:
         nt = blocks
-    if not PAGEDCY_OPENMP or (<double>w.itemsize * N * K < PARALLEL_WEIGHT_BYTES
+    if not PAGEDCY_OPENMP or (<double>row_bytes * N < PARALLEL_WEIGHT_BYTES
                               and <double>M * N * K < PARALLEL_MACS):
         nt = 1
     if nt == 1:
@@ -81,6 +87,8 @@ cdef tuple _check(object x, object weight, object out, str fmt="f32"):
     cdef cnp.ndarray wa
     if fmt == "f32":
         wa = _f32(weight, "weight", (None, xa.shape[1]))
+    elif fmt in BLOCK_FORMATS:
+        wa = _weight_blocks(weight, fmt, xa.shape[1])
     else:
         wa = _weight16(weight, fmt, xa.shape[1])
     cdef cnp.ndarray oa = _f32(out, "out", (xa.shape[0], wa.shape[0]), True)
@@ -107,12 +115,34 @@ cdef cnp.ndarray _weight16(object weight, str fmt, Py_ssize_t k):
     return wa
 
 
-cdef int _dtype_code(object fmt) except -1:
+cdef cnp.ndarray _weight_blocks(object weight, str fmt, Py_ssize_t k):
+    """The [N, row_bytes] uint8 rows of block format fmt holding k values each, checked."""
+    if not isinstance(weight, np.ndarray):
+        raise TypeError(f"weight must be a numpy array, got {type(weight).__name__}")
+    cdef cnp.ndarray wa = <cnp.ndarray>weight
+    cdef const pagedcy_rowfmt *f = pagedcy_quant_rowfmt(BLOCK_FORMATS[fmt], 0)
+    if wa.dtype != np.uint8:
+        raise TypeError(f"a {fmt} weight must be its raw uint8 rows, got {wa.dtype}")
+    if k % f.block:
+        raise ValueError(f"{fmt} rows hold a multiple of {f.block} values; x has {k} columns")
+    if wa.ndim != 2 or wa.shape[1] != k // f.block * f.block_bytes:
+        raise ValueError(f"{fmt} rows of {k} values take {k // f.block * f.block_bytes} bytes; "
+                         f"weight has shape {(<object>wa).shape}")
+    if not cnp.PyArray_IS_C_CONTIGUOUS(wa):
+        raise ValueError("weight must be C-contiguous")
+    return wa
+
+
+cdef const pagedcy_rowfmt *_rowfmt(object fmt, int simd) except NULL:
+    """The row format named fmt, its decoder at instruction-set cap simd."""
     if not isinstance(fmt, str):
         raise TypeError(f"fmt must be a str, got {type(fmt).__name__}")
+    if fmt in BLOCK_FORMATS:
+        return pagedcy_quant_rowfmt(BLOCK_FORMATS[fmt], simd)
     if fmt not in FORMATS:
-        raise ValueError(f"fmt must be one of {sorted(FORMATS)}, got {fmt!r}")
-    return FORMATS[fmt][0]
+        raise ValueError(f"fmt must be one of {sorted(FORMATS) + sorted(BLOCK_FORMATS)}, "
+                         f"got {fmt!r}")
+    return pagedcy_rowfmt_for_dtype(FORMATS[fmt][0])
 
 
 def linear_kernel(x, weight, out, num_threads=None):
@@ -133,19 +163,21 @@ def _linear_kernel_tuned(x, weight, out, num_threads=None, max_simd=2):
 def _linear_rows_tuned(x, weight, fmt, out, num_threads=None, max_simd=2):
     """Private: ``linear_rows`` on pagedcy's kernel on any CPU, the instruction set capped at
     ``max_simd`` (0 scalar, 1 AVX2, 2 AVX-512), for tests and benchmarks."""
-    cdef int dtype = _dtype_code(fmt)
+    cdef int simd = min(int(max_simd), pagedcy_simd_level())
+    cdef const pagedcy_rowfmt *f = _rowfmt(fmt, simd)
     xa, wa, oa = _check(x, weight, out, fmt)
     cdef int nt = resolve_num_threads(num_threads)
-    cdef int simd = min(int(max_simd), pagedcy_simd_level())
-    _kernel(xa, wa, dtype, oa, nt, simd)
+    _kernel(xa, wa, f, oa, nt, simd)
     return out
 
 
 def linear_rows(x, weight, fmt, out, num_threads=None):
     """``out[...] = x @ widen(weight).T`` for a weight in storage format ``fmt``: ``"f32"``
-    (float32), ``"f16"`` (float16, or its bits as uint16) or ``"bf16"`` (bfloat16 bits as
-    uint16); ``x`` float32 ``[M, K]``, ``weight`` ``[N, K]``, ``out`` float32 ``[M, N]``, all
-    C-contiguous. Bit for bit ``linear`` on the weight widened to float32 (with AVX2).
+    (float32), ``"f16"`` (float16, or its bits as uint16), ``"bf16"`` (bfloat16 bits as
+    uint16), or a GGUF block format (``BLOCK_FORMATS``: ``"q8_0"``, ``"q4_k"``, ...; weight its
+    raw uint8 rows ``[N, row_bytes]``); ``x`` float32 ``[M, K]``, ``weight`` ``[N, K]`` values,
+    ``out`` float32 ``[M, N]``, all C-contiguous. Bit for bit ``linear`` on the weight widened
+    to float32 (with AVX2), one summation order for every M.
     TypeError for a wrong dtype or a non-str ``fmt``, ValueError for an unknown ``fmt``,
     shapes, contiguity or overlap. Returns ``out``."""
     return _linear_rows_tuned(x, weight, fmt, out, num_threads)
@@ -159,7 +191,8 @@ def linear(x, weight, out, num_threads=None):
     xa, wa, oa = _check(x, weight, out)
     cdef int simd = pagedcy_simd_level()
     if simd >= 1:
-        _kernel(xa, wa, PAGEDCY_F32, oa, resolve_num_threads(num_threads), simd)
+        _kernel(xa, wa, pagedcy_rowfmt_for_dtype(PAGEDCY_F32), oa,
+                resolve_num_threads(num_threads), simd)
     else:
         np.matmul(xa, wa.T, out=oa)
     return out

@@ -89,12 +89,21 @@ def _widen_half(bits: np.ndarray, fmt: str, dst: np.ndarray) -> None:
         np.copyto(dst, bits.view(np.float16))
 
 
+# the GEMM's names of the storage formats (``_gemm.linear_rows``)
+_GEMM_NAMES = {"float16": "f16", "bfloat16": "bf16"}
+
+
 def _native(fmt: str):
-    """The native GEMM's ``_gemm.linear_rows`` when it exists and runs format ``fmt``
-    (``_gemm.ROW_FORMATS`` lists them, if it declares them), else None."""
+    """The native kernel ``fn(x, rows, fmt, out, num_threads)`` for format ``fmt``, or None:
+    ``_gemm.linear_rows``, which widens 16-bit rows in registers and decodes GGUF blocks
+    through their row decoders (``pagedcy_quant.h``) into the same GEMM, in one summation
+    order for every M, so a row's result does not depend on the batch."""
     fn = getattr(_gemm, "linear_rows", None)
-    formats = getattr(_gemm, "ROW_FORMATS", None)
-    return fn if fn is not None and (formats is None or fmt in formats) else None
+    name = _GEMM_NAMES.get(fmt, fmt)
+    known = set(getattr(_gemm, "FORMATS", ())) | set(getattr(_gemm, "BLOCK_FORMATS", ()))
+    if fn is None or name not in known:
+        return None
+    return lambda x, rows, _fmt, out, num_threads: fn(x, rows, name, out, num_threads)
 
 
 def _half_linear(x, bits: np.ndarray, fmt: str, out, num_threads):
