@@ -150,3 +150,29 @@ def test_bad_gguf_files_are_clear_errors(checkpoints, tmp_path, damage):
         return
     with pytest.raises(ValueError):
         pc.LLM(str(bad))
+
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+KQUANT_TYPES = {"Q4_K_M": {"Q4_K", "Q6_K"}, "Q5_K_M": {"Q5_K", "Q6_K"}, "Q6_K": {"Q6_K"}}
+
+
+@pytest.mark.parametrize("qtype", list(KQUANT_TYPES))
+def test_llama_quantize_k_quant_files_equal_transformers(qtype):
+    """Files that llama.cpp's own llama-quantize wrote (tests/data, made by
+    ``python -m pagedcy.tools.kquant_fixtures``): the K-quant mixes of real Q4_K_M / Q5_K_M /
+    Q6_K files, decoded natively, give transformers' logits on the same file."""
+    from pagedcy.models.gguf_model import read_gguf
+    from pagedcy.tools.kquant_fixtures import fixture_name
+    path = os.path.join(DATA, fixture_name(qtype))
+    with read_gguf(path) as f:
+        assert {t.type_name for t in f.tensors.values()} - {"F32"} == KQUANT_TYPES[qtype]
+    model, tok, _ = load_gguf(path, num_threads=2)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        DATA, gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+    for text in ("The quick brown fox jumps over the lazy dog", "日本 😀 x**2 + 1"):
+        ids = tok.encode(text)
+        assert_close(last_logits(model, ids), hf_logits(ref, ids)[-1], rtol=1e-4)
+    out = pc.LLM(path, num_threads=1, kv_cache_pages=64, page_size=4).generate(
+        ["Once upon a time"] * 3, pc.SamplingParams(temperature=0, max_tokens=12,
+                                                    ignore_eos=True), use_tqdm=False)
+    assert len({tuple(o.outputs[0].token_ids) for o in out}) == 1   # batch-invariant greedy

@@ -1,0 +1,59 @@
+"""Write the K-quant GGUF fixtures of ``tests/data/`` (tiny random models, quantized by
+llama.cpp's own ``llama-quantize``, which ``gguf`` cannot do for Q4_K/Q5_K/Q6_K).
+
+    python -m pagedcy.tools.kquant_fixtures tests/data --llama-quantize PATH
+
+``PATH`` is a ``llama-quantize`` binary, e.g. the one ``../shared/anchors/llama_cpp_gguf.sh``
+builds under ``~/.cache/pagedcy-anchors``. Each fixture is a random Llama (hidden 256, so its
+rows hold whole 256-value super-blocks) with the random checkpoint's byte-level BPE tokenizer,
+written as F32 GGUF by :func:`pagedcy.tools.gguf_fixture.write_gguf` and then quantized to
+``Q4_K_M``, ``Q5_K_M`` and ``Q6_K``: the block-type mixes real files of those types hold. The
+tests need only the files, so CI builds no llama.cpp.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+
+TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K")
+SHAPE = dict(hidden_size=256, intermediate_size=256, num_hidden_layers=1,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+
+
+def fixture_name(qtype: str) -> str:
+    """The file name of the fixture of quantization type ``qtype``."""
+    return f"tiny-llama-{qtype.lower()}.gguf"
+
+
+def write_fixtures(out_dir: str, llama_quantize: str, seed: int = 7) -> list[str]:
+    """Write every fixture into ``out_dir``; returns their paths."""
+    from pagedcy.models import write_random_checkpoint
+    from pagedcy.tools.gguf_fixture import write_gguf
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = write_random_checkpoint(os.path.join(tmp, "ckpt"), seed=seed, **SHAPE)
+        f32 = write_gguf(ckpt, os.path.join(tmp, "f32.gguf"), tensor_type="F32")
+        for qtype in TYPES:
+            path = os.path.join(out_dir, fixture_name(qtype))
+            subprocess.run([llama_quantize, f32, path, qtype], check=True,
+                           capture_output=True, timeout=600)
+            paths.append(path)
+    return paths
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--llama-quantize", required=True, help="path of a llama-quantize binary")
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args(argv)
+    for p in write_fixtures(args.out_dir, args.llama_quantize, args.seed):
+        print(p, os.path.getsize(p))
+
+
+if __name__ == "__main__":
+    main()
