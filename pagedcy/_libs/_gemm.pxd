@@ -4,12 +4,7 @@
 # for a format whose block does not divide the kernel's K block.
 from libc.stdint cimport int64_t
 
-cdef extern from "pagedcy_rowfmt.h" nogil:
-    ctypedef void (*pagedcy_row_decode_fn)(const void *row, int64_t k0, int64_t nk, float *dst)
-    ctypedef struct pagedcy_rowfmt:
-        pagedcy_row_decode_fn decode
-        int64_t block
-        int64_t block_bytes
+from pagedcy._libs._rowfmt cimport pagedcy_row_decode_fn, pagedcy_rowfmt
 
 cdef extern from "pagedcy_gemm.h" nogil:
     int pagedcy_gemm_nt_rows(int simd, int M, int n0, int n1, int K, const float *A, int64_t lda,

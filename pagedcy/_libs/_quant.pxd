@@ -2,12 +2,7 @@
 # decode-size linear (pagedcy_quant_linear.h), callable without the GIL.
 from libc.stdint cimport int64_t, uint8_t
 
-cdef extern from "pagedcy_rowfmt.h" nogil:
-    ctypedef void (*pagedcy_row_decode_fn)(const void *row, int64_t k0, int64_t nk, float *dst)
-    ctypedef struct pagedcy_rowfmt:
-        pagedcy_row_decode_fn decode
-        int64_t block
-        int64_t block_bytes
+from pagedcy._libs._rowfmt cimport pagedcy_row_decode_fn, pagedcy_rowfmt
 
 cdef extern from "pagedcy_quant.h" nogil:
     int pagedcy_simd_level()
