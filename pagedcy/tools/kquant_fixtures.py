@@ -46,6 +46,7 @@ def write_fixtures(out_dir: str, llama_quantize: str, seed: int = 7) -> list[str
 
 
 def main(argv=None):
+    """Command line: write the fixtures into ``out_dir`` and print their paths and sizes."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
     ap.add_argument("--llama-quantize", required=True, help="path of a llama-quantize binary")
