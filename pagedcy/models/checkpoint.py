@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 
+from typing import Any
+
 import numpy as np
 
 from pagedcy.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
@@ -111,7 +113,7 @@ def write_random_checkpoint(path, architecture: str = "LlamaForCausalLM", *, dty
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     gemma = architecture == "Gemma3ForCausalLM"
-    raw = dict(DEFAULTS, **(GEMMA3_DEFAULTS if gemma else {}))
+    raw: dict[str, Any] = dict(DEFAULTS, **(GEMMA3_DEFAULTS if gemma else {}))
     if gemma and "num_hidden_layers" in config and "layer_types" not in config:
         raw["layer_types"] = ["full_attention" if i % 2 else "sliding_attention"
                               for i in range(config["num_hidden_layers"])]

@@ -72,9 +72,10 @@ class GGUFTensor:
 
     def dequantize(self) -> np.ndarray:
         """The tensor as a new float32 array of ``shape`` (through ``gguf.quants``)."""
+        from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        return np.asarray(dequantize(self.raw, self.ggml_type), dtype=np.float32).reshape(self.shape)
+        return np.asarray(dequantize(self.raw, GGMLQuantizationType(self.ggml_type)), dtype=np.float32).reshape(self.shape)
 
     def with_raw(self, name: str, raw: np.ndarray) -> "GGUFTensor":
         """The same tensor under a new name and with replaced (same-shaped) raw rows."""

@@ -22,6 +22,7 @@ product over K whatever the other rows are.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -314,13 +315,13 @@ def concat_weights(parts) -> Weight:
 
 def _concat_same(run: list[Weight]) -> Weight:
     """Parts of one class and format as one weight of that class."""
-    first = run[0]
+    first, parts = run[0], list[Any](run)     # one class throughout, as ``first``
     if len(run) == 1:
         return first
     if isinstance(first, DenseWeight):
-        return DenseWeight(np.concatenate([p.data for p in run]))
+        return DenseWeight(np.concatenate([p.data for p in parts]))
     if isinstance(first, HalfWeight):
-        return HalfWeight(np.concatenate([p.bits for p in run]), first.format)
+        return HalfWeight(np.concatenate([p.bits for p in parts]), first.format)
     if isinstance(first, BlockWeight):
-        return BlockWeight(np.concatenate([p.raw for p in run]), first.qtype, first.shape[1])
+        return BlockWeight(np.concatenate([p.raw for p in parts]), first.qtype, first.shape[1])
     return StackedWeight(run)

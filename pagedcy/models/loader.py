@@ -82,15 +82,16 @@ def build_model(cfg: ModelConfig, reader, *, num_threads: int | None = None, dty
     storage = WeightStorage(dtype, quantization)
     h, v = cfg.hidden_size, cfg.vocab_size
     name = "model.embed_tokens.weight"
-    table = reader.get_stored(name, (v, h))
+    stored, fmt = reader.get_stored(name, (v, h))
     if cfg.tie_word_embeddings:
         # one table for both: lookups take the LM head's rows (quantized with it)
-        lm_head, embed = storage.matrix(*table, name=name), None
+        lm_head, embed = storage.matrix(stored, fmt, name=name), None
     else:
         head = "lm_head.weight"
-        lm_head = storage.matrix(*reader.get_stored(head, (v, h)), name=head)
-        embed = storage.table(*table, name=name)
-    del table
+        head_stored, head_fmt = reader.get_stored(head, (v, h))
+        lm_head = storage.matrix(head_stored, head_fmt, name=head)
+        embed = storage.table(stored, fmt, name=name)
+    del stored
     layers = [load_layer(reader, cfg, i, storage) for i in range(cfg.num_layers)]
     final_norm = norm_weight(reader, cfg, "model.norm.weight", h)
     return CausalLM(cfg, embed, layers, final_norm, lm_head, num_threads=num_threads)

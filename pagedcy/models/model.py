@@ -1,6 +1,8 @@
 """CausalLM: the decoder-only forward pass over a flat varlen batch on the paged KV cache."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from pagedcy.config import PagedKVCacheConfig
@@ -78,7 +80,7 @@ class CausalLM:
         self._ropes = list(tables.values())
         self._ws = Workspace(config)
         self._pages = PagesAdapter(config.num_layers, config.num_kv_heads, config.head_dim)
-        held = [final_norm, self._lm_head] + ([self._embed] if self._embed is not None else [])
+        held: list[Any] = [final_norm, self._lm_head] + ([self._embed] if self._embed is not None else [])
         self.weight_bytes = sum(a.nbytes for a in held) + sum(l.nbytes() for l in layers)
 
     @property
@@ -209,7 +211,7 @@ class CausalLM:
         rms_norm(np.take(delta, last_rows, axis=0), self._final_norm, eps, hn, last, nt)
         linear(hn, self._lm_head, logits, nt)
         if c.final_logit_softcapping is not None:
-            cap = np.float32(c.final_logit_softcapping)
+            cap = float(np.float32(c.final_logit_softcapping))
             np.tanh(logits / cap, out=logits)
             logits *= cap
         return logits

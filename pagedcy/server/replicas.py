@@ -53,7 +53,7 @@ class EngineReplica:
     ``engine_options``: ``LLMEngine`` keyword arguments; ``max_waiting`` as in ``serve``.
     """
 
-    async def __init__(self, model: str, engine_options: dict, max_waiting=None):
+    async def __init__(self, model: str, engine_options: dict, max_waiting=None):  # type: ignore[misc]
         from pagedcy.engine import LLMEngine
         from pagedcy.server.async_engine import AsyncEngine
         self._engine = LLMEngine(model, **engine_options)
@@ -110,7 +110,7 @@ class EngineReplica:
 class Frontend:
     """The HTTP ingress: pagedcy's routes over a :class:`RemoteEngine` to ``engine``."""
 
-    async def __init__(self, engine, options: dict):
+    async def __init__(self, engine, options: dict):  # type: ignore[misc]
         self._engine_handle = engine
         self._options = options
         self._remote = None

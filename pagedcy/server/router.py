@@ -31,7 +31,8 @@ class PrefixAwareRouter(RequestRouter):
     """Longest held prefix first, unless that replica is ``max_load_gap`` requests busier
     than the least loaded one (then the least loaded)."""
 
-    def initialize_state(self, max_load_gap: int = 8, seed: Optional[int] = None):
+    def initialize_state(self, max_load_gap: int = 8,  # type: ignore[override]
+                         seed: Optional[int] = None):
         """``request_router_kwargs``: ``max_load_gap`` (requests), ``seed`` (of tie draws)."""
         self._index = PrefixIndex()
         self._max_load_gap = int(max_load_gap)

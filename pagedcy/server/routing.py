@@ -76,9 +76,9 @@ def rank(candidates: Sequence[Candidate], *, max_load_gap: int,
         return []
     if max_load_gap < 0:
         raise ValueError(f"max_load_gap must be >= 0, got {max_load_gap}")
-    rng = rng or random
+    rng = rng or random  # type: ignore[assignment]  # the module's shared generator
     low = min(c.load for c in candidates)
-    draw = {id(c): rng.random() for c in candidates}
+    draw = {id(c): rng.random() for c in candidates}  # type: ignore[union-attr]
     near = [c for c in candidates if c.load - low <= max_load_gap]
     far = [c for c in candidates if c.load - low > max_load_gap]
     near.sort(key=lambda c: (-c.match, c.load, c.pages, draw[id(c)]))

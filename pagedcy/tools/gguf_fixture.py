@@ -15,6 +15,8 @@ import json
 import math
 import os
 
+from typing import Any
+
 import numpy as np
 
 __all__ = ["write_gguf", "write_vocab_gguf", "train_sentencepiece", "SPM_CORPUS", "WRITABLE_TYPES"]
@@ -47,7 +49,7 @@ def train_sentencepiece(prefix: str | os.PathLike, vocab_size: int = 500,
     import sentencepiece as spm
 
     lines = SPM_CORPUS * 20
-    ids = dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
+    ids: dict[str, Any] = dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
     control = ["<|ctrl|>"]
     if gemma:
         ids = dict(pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>",
@@ -268,7 +270,7 @@ def write_vocab_gguf(out_path, arch: str = "llama", *, hf_dir=None, spm_model=No
     w = gguf.GGUFWriter(os.fspath(out_path), arch)
     w.add_block_count(1)
     for key, value in (metadata or {}).items():
-        adder = {str: w.add_string, bool: w.add_bool, int: w.add_uint32, float: w.add_float32}
+        adder: dict[type, Any] = {str: w.add_string, bool: w.add_bool, int: w.add_uint32, float: w.add_float32}
         adder[type(value)](key, value)
     _vocab(w, hf_dir, spm_model, pre_tokenizer, chat_template)
     return _finish(w, out_path)

@@ -16,9 +16,10 @@ import argparse
 import os
 import subprocess
 import tempfile
+from typing import Any
 
 TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K")
-SHAPE = dict(hidden_size=256, intermediate_size=256, num_hidden_layers=1,
+SHAPE: dict[str, Any] = dict(hidden_size=256, intermediate_size=256, num_hidden_layers=1,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
 
 
