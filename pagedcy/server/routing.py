@@ -95,7 +95,7 @@ class PrefixIndex:
     (which shows whether the pages are still there). Times are ``time.time()`` seconds.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._reported: dict = {}       # replica -> (at, frozenset of keys)
         self._inflight: dict = {}       # replica -> {request_id: keys}
         self._recent: dict = {}         # replica -> [(completed_at, keys)]
