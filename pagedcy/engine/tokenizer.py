@@ -139,9 +139,9 @@ def _decoder_types(backend):
     return {d.get("type") for d in _decoder_chain(backend)}
 
 
-def _byte_level_alphabet():
-    """GPT-2's byte -> printable character map that ByteLevel tokenizers store tokens in
-    (``tokenizers`` does not export it)."""
+def byte_level_alphabet():
+    """``{printable character: byte}``: GPT-2's alphabet that ByteLevel tokenizers store
+    tokens in (``tokenizers`` does not export it)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
     cs = bs[:]
     n = 0
@@ -160,7 +160,7 @@ def token_bytes_table(backend):
     space); special tokens add nothing; added tokens are their own text."""
     chain = _decoder_chain(backend)
     types = {d.get("type") for d in chain}
-    alphabet = _byte_level_alphabet() if "ByteLevel" in types else None
+    alphabet = byte_level_alphabet() if "ByteLevel" in types else None
     fallback = "ByteFallback" in types
     replace = [(d["pattern"]["String"], d.get("content", "")) for d in chain
                if d.get("type") == "Replace" and isinstance(d.get("pattern"), dict)

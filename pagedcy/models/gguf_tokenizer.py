@@ -19,7 +19,6 @@ added per ``tokenizer.ggml.add_bos_token`` / ``add_eos_token``.
 """
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 
@@ -167,19 +166,11 @@ def _byte_level(md, tokens):
     return tok, tokens
 
 
-@functools.lru_cache(maxsize=1)
 def _bytes_to_unicode():
-    """GPT-2's byte -> printable character table (the byte-level alphabet; the same set as
-    ``tokenizers.pre_tokenizers.ByteLevel.alphabet()``)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
+    """GPT-2's byte -> printable character table (the byte-level alphabet)."""
+    from pagedcy.engine.tokenizer import byte_level_alphabet
+
+    return {b: c for c, b in byte_level_alphabet().items()}
 
 
 def build_tokenizer(metadata: dict):
