@@ -55,6 +55,11 @@ if not _user_set:
 
 
 
+#: True when the extensions were imported with RTLD_DEEPBIND (their OpenMP calls bind to
+#: pagedcy's own runtime even when another libgomp is in the global scope)
+_DEEPBIND = False
+
+
 def _import_extensions():
     """Import every extension, with RTLD_DEEPBIND where pagedcy has its own OpenMP runtime:
     torch loads its libgomp into the global symbol scope, which would otherwise serve the
@@ -69,6 +74,8 @@ def _import_extensions():
     if not (deep and own) or os.environ.get("PAGEDCY_SANITIZED") \
             or "asan" in os.environ.get("LD_PRELOAD", ""):
         deep = 0
+    global _DEEPBIND
+    _DEEPBIND = bool(deep)
     flags = sys.getdlopenflags()
     sys.setdlopenflags(flags | deep)
     try:
