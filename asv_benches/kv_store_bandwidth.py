@@ -10,36 +10,9 @@ the engine computing the same prompts without a store. Best of ``--rounds``.
 """
 import argparse
 import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 
 import numpy as np
-
-
-def _start_redis(tcp):
-    d = tempfile.mkdtemp(prefix="pagedcy-bench-redis-")
-    if tcp:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        args, url = ["--port", str(port), "--bind", "127.0.0.1"], f"redis://127.0.0.1:{port}/0"
-    else:
-        sock = os.path.join(d, "redis.sock")
-        args, url = ["--port", "0", "--unixsocket", sock], f"unix://{sock}"
-    proc = subprocess.Popen(["redis-server", *args, "--save", "", "--appendonly", "no",
-                             "--dir", d], stdout=subprocess.DEVNULL)
-    import redis
-    c = redis.Redis.from_url(url)
-    for _ in range(500):
-        try:
-            c.ping()
-            break
-        except redis.RedisError:
-            time.sleep(0.02)
-    return proc, url, d
 
 
 def main(argv=None):
@@ -56,10 +29,12 @@ def main(argv=None):
     from pagedcy.tools.bench_engine import ensure_checkpoint
     ckpt = ensure_checkpoint(os.path.join(os.path.expanduser("~"), ".cache", "pagedcy-bench",
                                           "llama-55m"))
-    proc = tmp = None
+    srv = None
     url = args.url
     if url is None:
-        proc, url, tmp = _start_redis(args.tcp)
+        from pagedcy.tools.redis_local import RedisServer
+        srv = RedisServer().start()
+        url = srv.tcp_url if args.tcp else srv.url
     try:
         ps, per_prompt = 16, 32                    # 8 prompts of 512 tokens = 256 pages
         n_prompts = max(1, args.pages // per_prompt)
@@ -122,10 +97,8 @@ def main(argv=None):
               f"({loaded} pages loaded over {args.rounds} rounds; only each prompt's last "
               f"token prefilled): {best_prefill / best_loaded:.1f}x faster than prefill")
     finally:
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-            shutil.rmtree(tmp, ignore_errors=True)
+        if srv is not None:
+            srv.close()
 
 
 if __name__ == "__main__":

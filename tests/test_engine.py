@@ -130,6 +130,33 @@ def test_prefix_cache_second_pass_hits_and_gives_the_same_tokens():
     assert_no_leak(eng)
 
 
+@pytest.mark.parametrize("budget", [64, 6])          # whole prompts, or chunked prefill
+def test_requests_arriving_together_compute_a_shared_prefix_once(budget):
+    model = ToyModel()
+    prompts = random_prompts(5, 4, 3, 9, prefix=17)       # 4 full shared pages, own tails
+    other = random_prompts(6, 1, 20, 21)[0]              # shares nothing: never held back
+    eng = make(model, kv_cache_pages=64, max_num_batched_tokens=budget)
+    reqs = [(f"a{i}", p, GREEDY) for i, p in enumerate(prompts)]
+    eng.add_request(*reqs[0])
+    eng.add_request(*reqs[1])
+    eng.add_request("other", other, GREEDY)
+    first = eng.step()
+    running = {s.request.request_id for s in eng.scheduler.running}
+    assert "a1" not in running                           # waits for a0's shared pages
+    assert ("other" in running) == (budget == 64)        # the budget is a0's when chunked
+    out = run(eng, reqs[2:])
+    out.update({o.request_id: o for o in first if o.finished})
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                out[o.request_id] = o
+    for rid, p in [*((r, p) for r, p, _ in reqs), ("other", other)]:
+        assert out[rid].outputs[0].token_ids == model.reference_greedy(p, 12)
+    assert [out[f"a{i}"].num_cached_tokens for i in range(4)] == [0, 16, 16, 16]
+    assert eng.stats().prompt_tokens == sum(len(p) for p in prompts) + len(other) - 3 * 16
+    assert_no_leak(eng)
+
+
 def test_prefix_cache_off():
     eng = make(enable_prefix_cache=False)
     prompts = random_prompts(3, 4, prefix=13)

@@ -17,6 +17,7 @@ from collections import deque
 
 import numpy as np
 
+from pagedcy.engine.inflight import PrefillsInFlight
 from pagedcy.engine.sequence import SeqStatus
 from pagedcy.errors import PoolExhaustedError
 from pagedcy.kvcache.manager import AllocationRequest
@@ -71,6 +72,7 @@ class Scheduler:
                  store_lookups=None):
         self.manager = manager
         self.lookups = store_lookups
+        self.inflight = PrefillsInFlight(manager)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.preemption_mode = preemption_mode
@@ -254,9 +256,14 @@ class Scheduler:
         ps = self.page_size
         lookups = self.lookups
         waiting = self.waiting
+        inflight = self.inflight
+        inflight.start()
         i = 0
         while i < len(waiting) and budget > 0:
             seq = waiting[i]
+            if inflight.defers(seq):
+                i += 1          # a running prefill computes its next pages: cache hits soon
+                continue
             if lookups is not None and lookups.blocks(seq):
                 i += 1          # its KV store lookup is in flight: the next one may go
                 continue
@@ -285,6 +292,7 @@ class Scheduler:
                 seq.request.num_cached_tokens = cached
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            inflight.admitted(seq)
             q = min(seq.pending(), budget)
             self._extend(seq, q, 0)     # the prompt's pages are allocated already
             scheduled.append((seq, q))

@@ -1,0 +1,93 @@
+"""End to end in both import orders: 16 requests (prompts uniform in 128..1024 tokens, 32 new
+tokens each, greedy) on the engine bench's 55M random Llama, ``LLM.generate`` with pagedcy
+imported first and with torch imported first, against transformers ``generate`` (padded,
+sdpa) in the same run.
+
+``python asv_benches/import_order_e2e.py [--threads 2] [--rounds 3]``
+
+Each order runs in a fresh subprocess (which library loads its OpenMP runtime first is fixed
+at import), best of ``--rounds``; the header names the CPU and each child reports the OpenMP
+runtime pagedcy's kernels got and the wait policy in force.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+CHILD = r"""
+import json, sys, time
+order, model, threads, rounds, with_hf = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+if order == "torch-first":
+    import torch  # noqa: F401
+import numpy as np
+import pagedcy as pc
+from pagedcy._libs import _threads, wait_policy
+rng = np.random.default_rng(0)
+prompts = [rng.integers(3, 32000, int(n)).tolist() for n in rng.integers(128, 1025, 16)]
+llm = pc.LLM(model, num_threads=threads, enable_prefix_cache=False)
+sp = pc.SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+reqs = [{"prompt_token_ids": p} for p in prompts]
+llm.generate(reqs[:2], sp, use_tqdm=False)
+best = float("inf")
+for _ in range(rounds):
+    t = time.perf_counter()
+    llm.generate(reqs, sp, use_tqdm=False)
+    best = min(best, time.perf_counter() - t)
+res = {"pagedcy_s": best, "runtime": _threads.openmp_runtime().rsplit("/", 1)[-1],
+       "wait_policy": str(wait_policy())}
+if with_hf:
+    import torch, transformers
+    torch.set_num_threads(threads)
+    m = transformers.AutoModelForCausalLM.from_pretrained(
+        model, dtype=torch.float32, attn_implementation="sdpa").eval()
+    L = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (L - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts])
+    hf = float("inf")
+    for _ in range(max(1, rounds - 1)):
+        t = time.perf_counter()
+        with torch.no_grad():
+            m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=32, min_new_tokens=32,
+                       do_sample=False)
+        hf = min(hf, time.perf_counter() - t)
+    res["transformers_s"] = hf
+print(json.dumps(res))
+"""
+
+
+def main(argv=None):
+    """Run both orders; print a table and the targets (torch first <= 5% slower, >= 3x)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    from pagedcy.tools.bench_engine import ensure_checkpoint
+    from pagedcy.tools.info import cpu_description
+    model = ensure_checkpoint(os.path.join(os.path.expanduser("~"), ".cache", "pagedcy-bench",
+                                           "llama-55m"))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_WAIT_POLICY")}
+    print(f"# 16 x (128..1024 + 32) on the 55M Llama, {args.threads} threads, "
+          f"{cpu_description()}")
+    rows = {}
+    for order in ("pagedcy-first", "torch-first"):
+        t = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", CHILD, order, model, str(args.threads),
+                              str(args.rounds), "1"], env=env, check=True,
+                             capture_output=True, text=True).stdout
+        rows[order] = json.loads(out.strip().splitlines()[-1])
+        print(f"#   {order}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
+    print("| import order | pagedcy s | transformers s | ratio | OpenMP runtime | wait policy |")
+    print("|---|---|---|---|---|---|")
+    for order, r in rows.items():
+        print(f"| {order} | {r['pagedcy_s']:.3f} | {r['transformers_s']:.3f} | "
+              f"{r['transformers_s'] / r['pagedcy_s']:.2f}x | {r['runtime']} | {r['wait_policy']} |")
+    slow = rows["torch-first"]["pagedcy_s"] / rows["pagedcy-first"]["pagedcy_s"] - 1
+    print(f"torch first is {100 * slow:+.1f}% vs pagedcy first")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
