@@ -214,12 +214,17 @@ PG_AVX512_INLINE void pg_q_group_z(const int F, const uint8_t *b, const pg_qhdr 
             *w0 = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(i0, t0), k0, i0, t1);
             *w1 = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(i1, t0), k1, i1, t1);
         }
-    } else {
-        __m128i q0, q1;
-        float s0, s1, m = 0.0f;
-        pg_q_group(F, b, h, g, &q0, &q1, &s0, &s1, &m);
-        *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), _mm512_set1_ps(s0));
-        *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), _mm512_set1_ps(s1));
+    } else {                         /* Q6_K: pg_q_group's bit twiddling on all 32 bytes at once */
+        const int hh = g >> 2, sq = g & 3;
+        const __m256i l = _mm256_loadu_si256((const __m256i *)(b + 64 * hh + 32 * (sq & 1)));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * hh));
+        const __m256i lo = _mm256_and_si256(sq >> 1 ? _mm256_srli_epi16(l, 4) : l, _mm256_set1_epi8(0x0F));
+        const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * sq), _mm256_set1_epi8(3)), 4);
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+        *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))),
+                            _mm512_set1_ps(h->s[2 * g]));
+        *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
+                            _mm512_set1_ps(h->s[2 * g + 1]));
     }
 }
 
