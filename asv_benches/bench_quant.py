@@ -1,5 +1,5 @@
-"""GGUF block-format projections (``pagedcy._libs._quant.linear``) at decode size, against
-the machine's read bandwidth.
+"""GGUF block-format projections (``pagedcy._libs._gemm.linear_rows`` on the raw blocks) at
+decode size, against the machine's read bandwidth.
 
 ``python asv_benches/bench_quant.py [--threads N] [--seconds 1] [--mbytes 256]``
 
@@ -8,7 +8,7 @@ weights of qwen2.5-0.5b's MLP shapes (down 896 x 4864, gate / up 4864 x 896; wei
 ``[out, in]``), times a 1-row ``linear`` over a ring of distinct weights of ``--mbytes`` MB in
 all (so each call reads its weight from memory, as a decode step does) and prints the
 weight-read rate next to ``read_bandwidth()`` on as many threads, plus the rate with one
-weight hot in cache (the decoders' ceiling). The asv classes time the same calls on one
+weight hot in cache (the register decode's ceiling). The asv classes time the same calls on one
 weight.
 """
 import argparse
@@ -16,9 +16,16 @@ import time
 
 import numpy as np
 
-from pagedcy._libs._quant import block_info, dequantize, linear
+from pagedcy._libs._gemm import BLOCK_FORMATS, linear_rows
+from pagedcy._libs._quant import block_info, dequantize
 
 TYPES = {"Q4_K": 12, "Q8_0": 8, "Q6_K": 14, "Q5_0": 6}
+_FMT = {t: name for name, t in BLOCK_FORMATS.items()}
+
+
+def linear(x, raw, ggml_type, out, num_threads=None):
+    """``out = x @ dequantize(raw).T`` by the GEMM on the stored blocks."""
+    return linear_rows(x, raw, _FMT[ggml_type], out, num_threads)
 SHAPES = [(896, 4864), (4864, 896)]
 
 

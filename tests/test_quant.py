@@ -1,5 +1,7 @@
-"""pagedcy._libs._quant (GGUF block formats) against gguf-py's reference (bit for bit) and a
-float64 reference (the linear)."""
+"""pagedcy._libs._quant (GGUF block formats) against gguf-py's reference (bit for bit), and
+the GEMM on block weights (``_gemm.linear_rows``: register decode in the streaming tiles,
+decode to scratch at the scalar level, the packed panel from 48 rows) against a float64
+reference and itself across M, paths and threads."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -8,10 +10,10 @@ from hypothesis import strategies as st
 gguf = pytest.importorskip("gguf")
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T  # noqa: E402
 
-from pagedcy._libs import _quant  # noqa: E402
+from pagedcy._libs import _gemm, _quant  # noqa: E402
 from pagedcy._libs._attention import simd_level  # noqa: E402
 from pagedcy._libs._quant import (  # noqa: E402
-    SUPPORTED_TYPES, _dequantize_tuned, _linear_tuned, block_info, dequantize, linear, quantize)
+    SUPPORTED_TYPES, _dequantize_tuned, block_info, dequantize, quantize)
 
 LEVELS = [lv for lv in (2, 1, 0) if lv <= simd_level()]
 TYPES = [T(t) for t in SUPPORTED_TYPES]
@@ -154,9 +156,8 @@ UNSUPPORTED = [T.Q2_K, T.Q3_K, T.Q8_1, T.Q8_K, T.IQ2_XXS, T.IQ3_S, T.IQ4_NL, T.I
 @pytest.mark.parametrize("qtype", UNSUPPORTED, ids=lambda t: t.name)
 def test_unsupported_types_are_value_errors_naming_them(qtype):
     raw = np.zeros(4096, np.uint8)
-    x, out = np.zeros((1, 256), np.float32), np.zeros((1, 1), np.float32)
+    x = np.zeros((1, 256), np.float32)
     for call in (lambda: dequantize(raw, qtype, (256,)), lambda: block_info(qtype),
-                 lambda: linear(x, raw.reshape(1, -1), qtype, out),
                  lambda: quantize(x, qtype)):
         with pytest.raises(ValueError, match=qtype.name):
             call()
@@ -251,7 +252,14 @@ def test_quantize_threads_and_errors():
         quantize([0.0] * 32, T.Q8_0)
 
 
-# ---- linear -----------------------------------------------------------------------------
+# ---- the GEMM on block weights (_gemm.linear_rows) -------------------------------------
+
+FMT_NAMES = {v: k for k, v in _gemm.BLOCK_FORMATS.items()}
+
+
+def _linear(x, raw, qtype, out, threads=1, level=2):
+    return _gemm._linear_rows_tuned(x, raw, FMT_NAMES[int(qtype)], out, threads, level)
+
 
 def _check_linear(out, x, w):
     ref = x.astype(np.float64) @ w.astype(np.float64).T
@@ -259,89 +267,98 @@ def _check_linear(out, x, w):
     assert (np.abs(out - ref) <= bound).all(), np.max(np.abs(out - ref) / bound)
 
 
-@settings(max_examples=60, deadline=None)
-@given(qtype=st.sampled_from(TYPES), m=st.integers(1, 40), n=st.integers(1, 40),
-       kb=st.integers(0, 9), level=st.sampled_from(LEVELS), threads=st.integers(1, 2),
+def test_every_block_type_is_a_gemm_format():
+    assert sorted(FMT_NAMES) == sorted(int(t) for t in BLOCK_TYPES)
+
+
+@settings(max_examples=80, deadline=None)
+@given(qtype=st.sampled_from(BLOCK_TYPES), m=st.integers(1, 60), n=st.integers(1, 40),
+       kb=st.integers(1, 9), level=st.sampled_from(LEVELS), threads=st.integers(1, 2),
        seed=st.integers(0, 2**32 - 1))
 def test_linear_matches_float64(qtype, m, n, kb, level, threads, seed):
+    """Every block type, level, both paths (M from 48 packs): within 1e-5 of float64 on the
+    dequantized weight, relative to |x| @ |W|."""
     rng = np.random.default_rng(seed)
-    be = block_info(qtype)[0]
-    k = kb * be if be > 1 else kb * 37 + 1
-    raw = _random_raw(rng, qtype, n, k, moderate=True)
+    k = kb * block_info(qtype)[0]
+    raw = _random_raw(rng, qtype, n, k, moderate=True).reshape(n, -1)
     w = dequantize(raw, qtype, (n, k))
     x = rng.standard_normal((m, k), dtype=np.float32)
     out = np.full((m, n), np.nan, np.float32)
-    assert _linear_tuned(x, raw, qtype, out, threads, level) is out
+    assert _linear(x, raw, qtype, out, threads, level) is out
     _check_linear(out, x, w)
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
 def test_linear_of_a_one_hot_batch_is_the_weight(qtype, level):
-    """x = identity rows pick weight columns out exactly: every chunk's decode (k0 > 0 past the
-    first 1024 elements) matches dequantize bit for bit."""
+    """x = identity rows pick weight columns out exactly (every K block's decode, k0 > 0 past
+    the first 512 elements, equals dequantize bit for bit), with extreme scales; M = 1 .. 3
+    rows of the identity go through the streaming tiles, all of it through the packed path.
+    (Compared as values: a -0 weight sums to +0, the accumulators start at +0.)"""
     rng = np.random.default_rng(int(qtype))
-    k = 1280 if block_info(qtype)[0] > 1 else 1283
-    raw = _random_raw(rng, qtype, 6, k)
-    out = np.empty((k, 6), np.float32)
-    _linear_tuned(np.eye(k, dtype=np.float32), raw, qtype, out, 1, level)
-    np.testing.assert_array_equal(out, dequantize(raw, qtype, (6, k)).T)
+    k = 1280
+    raw = _random_raw(rng, qtype, 11, k, scales=EXTREME_SCALES).reshape(11, -1)
+    want = dequantize(raw, qtype, (11, k)).T
+    eye = np.eye(k, dtype=np.float32)
+    out = np.empty((k, 11), np.float32)
+    _linear(eye, raw, qtype, out, 1, level)
+    np.testing.assert_array_equal(out, want)
+    for r0 in (0, 255, 511, 1000, 1277):
+        for m in (1, 2, 3):
+            o = np.empty((m, 11), np.float32)
+            _linear(eye[r0:r0 + m], raw, qtype, o, 1, level)
+            np.testing.assert_array_equal(o, want[r0:r0 + m])
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0, T.Q6_K, T.F16], ids=lambda t: t.name)
-def test_linear_row_does_not_depend_on_batch_or_threads(qtype, level):
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
+def test_linear_row_does_not_depend_on_batch_path_or_threads(qtype, level):
+    """A row of the output is the same bits alone (M = 1: register decode), inside any batch
+    (streaming tiles of 1 to 3 rows, 4 or 8 weight rows), in the packed path (M >= 48) and
+    on 2 threads; and equals the float32 GEMM on the dequantized weight."""
     rng = np.random.default_rng(11)
-    n, k = 1030, 1536      # weight above 1 MiB (F16), so two threads really split it
-    raw = _random_raw(rng, qtype, n, k, moderate=True)
-    x = rng.standard_normal((37, k), dtype=np.float32)
-    alone = np.empty((37, n), np.float32)
-    for i in range(37):
-        _linear_tuned(x[i:i + 1], raw, qtype, alone[i:i + 1], 1, level)
-    _check_linear(alone, x, dequantize(raw, qtype, (n, k)))
-    for m in (2, 3, 4, 5, 8, 13, 32, 33, 37):
+    n, k = 1030, 1536      # over 1 MiB of weight, so two threads really split it
+    raw = _random_raw(rng, qtype, n, k, moderate=True).reshape(n, -1)
+    w = dequantize(raw, qtype, (n, k))
+    x = rng.standard_normal((64, k), dtype=np.float32)
+    alone = np.empty((64, n), np.float32)
+    for i in range(64):
+        _linear(x[i:i + 1], raw, qtype, alone[i:i + 1], 1, level)
+    _check_linear(alone, x, w)
+    dense = np.empty_like(alone)
+    _gemm._linear_rows_tuned(x, w, "f32", dense, 1, level)
+    np.testing.assert_array_equal(_bits(dense), _bits(alone))
+    for m in (2, 3, 4, 5, 8, 13, 47, 48, 64):
         for threads in (1, 2):
             out = np.empty((m, n), np.float32)
-            _linear_tuned(x[:m], raw, qtype, out, threads, level)
-            np.testing.assert_array_equal(_bits(out), _bits(alone[:m]))
+            _linear(x[:m], raw, qtype, out, threads, level)
+            np.testing.assert_array_equal(_bits(out), _bits(alone[:m]), err_msg=f"m={m} t={threads}")
 
 
-def test_linear_bad_inputs():
-    raw = np.zeros((8, 34 * 2), np.uint8)
-    x, out = np.zeros((3, 64), np.float32), np.zeros((3, 8), np.float32)
-    assert linear(x, raw, T.Q8_0, out) is out
-    with pytest.raises(TypeError, match="float32"):
-        linear(x.astype(np.float64), raw, T.Q8_0, out)
-    with pytest.raises(TypeError, match="uint8"):
-        linear(x, raw.view(np.int8), T.Q8_0, out)
-    with pytest.raises(TypeError):
-        linear(x.tolist(), raw, T.Q8_0, out)
-    with pytest.raises(ValueError, match="shape"):
-        linear(x, np.zeros((8, 34), np.uint8), T.Q8_0, out)
-    with pytest.raises(ValueError, match="shape"):
-        linear(x, raw.reshape(-1), T.Q8_0, out)
-    with pytest.raises(ValueError, match="multiple of 32"):
-        linear(np.zeros((3, 48), np.float32), raw, T.Q8_0, out)
-    with pytest.raises(ValueError, match="shape"):
-        linear(x, raw, T.Q8_0, np.zeros((3, 9), np.float32))
-    with pytest.raises(ValueError, match="writable"):
-        ro = out.copy()
-        ro.flags.writeable = False
-        linear(x, raw, T.Q8_0, ro)
-    with pytest.raises(ValueError, match="overlap"):
-        buf = np.zeros(3 * 64 + 24, np.float32)
-        linear(buf[:192].reshape(3, 64), raw, T.Q8_0, buf[180:204].reshape(3, 8))
-    with pytest.raises(ValueError, match="not supported"):
-        linear(x, raw, 4, out)
-    with pytest.raises(ValueError):
-        linear(x, raw, T.Q8_0, out, num_threads=-1)
-    empty = np.zeros((0, 8), np.float32)
-    assert linear(np.zeros((0, 64), np.float32), raw, T.Q8_0, empty) is empty
-    z = np.full((3, 2), np.nan, np.float32)
-    linear(np.zeros((3, 0), np.float32), np.zeros((2, 0), np.uint8), T.Q8_0, z)
-    assert (z == 0).all()
+@pytest.mark.parametrize("cap", ["scalar", "avx2"])
+def test_linear_at_every_simd_cap(cap):
+    """PAGEDCY_SIMD caps the tiles too: under each cap, M = 1 and M = 60 (packed) agree with
+    the float32 GEMM on the dequantized weight bit for bit, for every block type."""
+    import os
+    import subprocess
+    import sys
+    code = ("import numpy as np; from pagedcy._libs import _gemm, _quant\n"
+            "r = np.random.default_rng(0)\n"
+            "for f, t in _gemm.BLOCK_FORMATS.items():\n"
+            "    be, bb = _quant.block_info(t); k = 2 * 256 + 256; n = 21\n"
+            "    raw = r.integers(0, 256, (n, k // be * bb), dtype=np.uint8)\n"
+            "    b = raw.reshape(-1, bb); offs = {14: (208,), 12: (0, 2), 13: (0, 2), 3: (0, 2), 7: (0, 2)}\n"
+            "    for o in offs.get(t, (0,)): b[:, o:o + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)\n"
+            "    w = _quant.dequantize(raw, t, (n, k)); x = r.standard_normal((60, k), dtype=np.float32)\n"
+            "    for m in (1, 2, 3, 60):\n"
+            "        o = np.empty((m, n), np.float32); e = np.empty_like(o)\n"
+            "        _gemm.linear_rows(x[:m], raw, f, o); _gemm.linear_rows(x[:m], w, 'f32', e)\n"
+            "        assert np.array_equal(o.view(np.uint32), e.view(np.uint32)), (f, m)\n")
+    env = dict(os.environ, PAGEDCY_SIMD=cap)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
 
 
 def test_module_surface():
     assert _quant.__doc__ and all(getattr(_quant, f).__doc__ for f in (
-        "dequantize", "quantize", "linear", "block_info"))
+        "dequantize", "quantize", "block_info"))
+    assert not hasattr(_quant, "linear")     # the GEMM computes with block weights

@@ -2,10 +2,10 @@
 
 A GGUF tensor is kept as stored: ``raw``, a uint8 array of its bytes, rows of consecutive
 blocks (``block_info``). ``dequantize`` widens it to float32 exactly as
-``gguf.quants.dequantize`` does (bit for bit, every instruction set), ``linear`` multiplies by
-it without widening it in memory (decode-sized batches at memory speed), and ``quantize``
-makes Q8_0 / Q4_0 blocks from float32 (a safetensors checkpoint loaded with
-``quantization="q8_0"`` or ``"q4_0"``), bit for bit as ``gguf.quants.quantize``.
+``gguf.quants.dequantize`` does (bit for bit, every instruction set), and ``quantize`` makes Q8_0 / Q4_0
+blocks from float32 (a safetensors checkpoint loaded with ``quantization="q8_0"`` or
+``"q4_0"``), bit for bit as ``gguf.quants.quantize``. The GEMM computes with the blocks as
+stored: ``pagedcy._libs._gemm.linear_rows`` (decoded in registers at decode sizes).
 
 Types are GGML's numbers (``gguf.GGMLQuantizationType`` members are accepted):
 ``SUPPORTED_TYPES`` lists them; anything else (Q2_K, Q3_K, IQ*, TQ*, ...) is a ValueError
@@ -17,7 +17,7 @@ from cython.parallel cimport prange
 from libc.stdint cimport int64_t, uint8_t
 
 from pagedcy._libs._args cimport int_arg
-from pagedcy._libs._layers cimport _f32, _overlap
+from pagedcy._libs._layers cimport _f32
 from pagedcy._libs._openmp cimport PAGEDCY_OPENMP
 from pagedcy._libs._gemm import PARALLEL_MACS, PARALLEL_WEIGHT_BYTES
 from pagedcy._libs._threads import resolve_num_threads
@@ -29,7 +29,7 @@ _NAMES = {0: "F32", 1: "F16", 30: "BF16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q
           8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 SUPPORTED_TYPES = tuple(_NAMES)
 _QUANTIZE_TYPES = (8, 2)          # Q8_0, Q4_0
-# Rows (dequantize) and weight rows (linear) per thread start on this boundary.
+# Rows per thread (dequantize) start on this boundary.
 cdef int _ROW_ALIGN = 4
 
 
@@ -175,67 +175,4 @@ def quantize(x, ggml_type, num_threads=None):
                 rc = -2
     if rc != 0:
         raise ValueError("x must be finite to quantize (it holds a NaN or an infinity)")
-    return out
-
-
-cdef int _linear(int ggml_type, int simd, cnp.ndarray x, cnp.ndarray w, cnp.ndarray out,
-                 int nt) except -1:
-    cdef int64_t M = x.shape[0], K = x.shape[1], N = w.shape[0], row_bytes = w.shape[1]
-    cdef int64_t blocks = (N + _ROW_ALIGN - 1) // _ROW_ALIGN
-    cdef const float *xp = <const float *>cnp.PyArray_DATA(x)
-    cdef const uint8_t *wp = <const uint8_t *>cnp.PyArray_DATA(w)
-    cdef float *op = <float *>cnp.PyArray_DATA(out)
-    cdef int t
-    if M == 0 or N == 0:
-        return 0
-    if K == 0:
-        out[...] = 0
-        return 0
-    if nt == 1:
-        with nogil:
-            pagedcy_quant_linear_rows(ggml_type, simd, M, 0, N, K, xp, K, wp, row_bytes, op, N)
-        return 0
-    for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
-        pagedcy_quant_linear_rows(ggml_type, simd, M, _ROW_ALIGN * (blocks * t // nt),
-                                  min(N, _ROW_ALIGN * (blocks * (t + 1) // nt)), K, xp, K, wp,
-                                  row_bytes, op, N)
-    return 0
-
-
-def linear(x, raw, ggml_type, out, num_threads=None):
-    """``out[...] = x @ W.T`` for a GGUF weight ``W`` [N, K] kept in its block format:
-    ``x`` float32 [M, K], ``raw`` uint8 [N, row_bytes] (``row_bytes = K // block_elems *
-    block_bytes``), ``out`` float32 [M, N], all C-contiguous, ``out`` overlapping neither.
-    The weight is decoded as it streams, never widened in memory: in registers for one row
-    of ``x``, else in L1-sized chunks that every row passes over (sized for decode steps: M of
-    1 to a few dozen; correct for any M). Weight rows are split over ``num_threads`` OpenMP
-    threads. A row of ``out`` does not depend on M or the thread count, bit for bit; its
-    float32 sums are within ~1e-5 of ``|x| @ |W|.T`` (relative) of the float64 product.
-    TypeError for non-array / wrong-dtype inputs; ValueError for an unsupported type, shapes,
-    contiguity or overlap. Returns ``out``."""
-    return _linear_tuned(x, raw, ggml_type, out, num_threads)
-
-
-def _linear_tuned(x, raw, ggml_type, out, num_threads=None, max_simd=2):
-    """Private: ``linear`` with the instruction set capped at ``max_simd`` (0 plain C,
-    1 AVX2, 2 AVX-512), for tests and benchmarks."""
-    cdef const pagedcy_rowfmt *fmt = _format(ggml_type, max_simd)
-    cdef int simd = max(0, min(int_arg(max_simd, "max_simd"), pagedcy_simd_level()))
-    cdef cnp.ndarray xa = _f32(x, "x", (None, None))
-    cdef int64_t K = xa.shape[1]
-    if K % fmt.block:
-        raise ValueError(f"x has K = {K} columns: a {_type_name(int_arg(ggml_type, 'ggml_type'))} "
-                         f"row has a multiple of {fmt.block}")
-    cdef cnp.ndarray wa = _u8(raw, "raw")
-    cdef int64_t row_bytes = K // fmt.block * fmt.block_bytes
-    if wa.ndim != 2 or wa.shape[1] != row_bytes:
-        raise ValueError(f"raw must have shape [N, {row_bytes}] (rows of K = {K} elements as "
-                         f"{_type_name(int_arg(ggml_type, 'ggml_type'))}), got {(<object>raw).shape}")
-    cdef cnp.ndarray oa = _f32(out, "out", (xa.shape[0], wa.shape[0]), True)
-    if _overlap(oa, xa) or _overlap(oa, wa):
-        raise ValueError("out must not overlap x or raw")
-    cdef int64_t M = xa.shape[0], N = wa.shape[0]
-    cdef int nt = _threads(num_threads, <double>cnp.PyArray_NBYTES(wa), <double>M * N * K,
-                           (N + _ROW_ALIGN - 1) // _ROW_ALIGN)
-    _linear(int_arg(ggml_type, "ggml_type"), simd, xa, wa, oa, nt)
     return out

@@ -96,9 +96,10 @@ _GEMM_NAMES = {"float16": "f16", "bfloat16": "bf16"}
 
 def _native(fmt: str):
     """The native kernel ``fn(x, rows, fmt, out, num_threads)`` for format ``fmt``, or None:
-    ``_gemm.linear_rows``, which widens 16-bit rows in registers and decodes GGUF blocks
-    through their row decoders (``pagedcy_quant.h``) into the same GEMM, in one summation
-    order for every M, so a row's result does not depend on the batch."""
+    ``_gemm.linear_rows``, which widens 16-bit rows and decodes GGUF blocks in registers at
+    decode sizes (through their row decoders, ``pagedcy_quant.h``, into the packed panel
+    at prefill sizes), in one summation order for every M, so a row's result does not
+    depend on the batch."""
     fn = getattr(_gemm, "linear_rows", None)
     name = _GEMM_NAMES.get(fmt, fmt)
     known = set(getattr(_gemm, "FORMATS", ())) | set(getattr(_gemm, "BLOCK_FORMATS", ()))

@@ -9,7 +9,10 @@
  * prefetchers follow from DRAM (OpenBLAS repacks all of W per call and leaves
  * most of the FMA rate unused there). The MR x NB accumulators hold 16 (AVX-512)
  * or 8 (AVX2) lanes of partial sums each, reduced by a fixed tree (pg_hsum8x8)
- * at the end of each K block. Many rows: pagedcy_gemm_pack.h packs W and A for a
+ * at the end of each K block. f16 / bf16 weights are widened in registers, and
+ * GGUF block formats decoded in registers (pagedcy_gemm_qtile.h: tiles of the same
+ * lanes and tree), so a decode step reads W once, as stored. Many rows:
+ * pagedcy_gemm_pack.h packs W and A for a
  * BLIS-style register-blocked micro-kernel that computes the very same lane sums
  * and tree, so both paths give the same bits.
  *
@@ -221,6 +224,7 @@ PG_AVX2 static void pg_tile_avx2(int mr, int nb, int K, const float *A, int64_t 
     }
 }
 #include "pagedcy_gemm_pack.h"
+#include "pagedcy_gemm_qtile.h"
 #else
 #define PG_HAVE_SIMD 0
 #endif
@@ -237,10 +241,47 @@ PG_AVX2 static void pg_tile_avx2(int mr, int nb, int K, const float *A, int64_t 
  * won by 1.25x). Both give the same bits, so this only moves the speed. */
 #define PG_PACK_MIN_M 48
 
+#if PG_HAVE_SIMD
+#define PG_QTILE_MAX_M 3
+/* Streaming path for a block format F the tiles decode in registers (pagedcy_gemm_qtile.h):
+ * the loops of pg_gemm_stream, no scratch. Blocks of 8 rows of W (4 on AVX2 for more than
+ * one row of A: 16 registers), row blocks of up to 3 rows of A. */
+static void pg_gemm_stream_q(int level, int M, int n0, int n1, int K, const float *A, int64_t lda,
+                             const void *W, int64_t wrb, int F, float *C, int64_t ldc) {
+    const int mr_max = 3, nb_max = level == 1 && M > 1 ? 4 : 8;
+    const int QK = pg_q_qk(F), BYTES = pg_q_bytes(F);
+    const int nblk = (M + mr_max - 1) / mr_max;
+    const int nkb = (K + PG_KC - 1) / PG_KC;
+    for (int n = n0; n < n1; n += nb_max) {
+        const int nb = pg_min(nb_max, n1 - n);
+        const uint8_t *wrow = (const uint8_t *)W + (int64_t)n * wrb;
+        const int ahead = n + PG_PF_BLOCKS * nb_max;
+        const int64_t ahead_bytes = ahead < n1 ? (int64_t)pg_min(nb_max, n1 - ahead) * wrb : 0;
+        for (int kb = 0; kb < nkb; kb++) {
+            const int k0 = kb * PG_KC, kc = pg_min(PG_KC, K - k0), nq = kc / QK;
+            const uint8_t *w = wrow + (int64_t)(k0 / QK) * BYTES;
+            const char *pf = ahead_bytes ? (const char *)W + (int64_t)ahead * wrb + ahead_bytes * kb / nkb : NULL;
+            const int64_t pf_len = ahead_bytes ? ahead_bytes * (kb + 1) / nkb - ahead_bytes * kb / nkb : 0;
+            const int64_t pf_step = pf ? (pf_len / nq + 63) & ~63 : 0;
+            for (int bi = 0, m = 0; bi < nblk; bi++) {
+                const int mr = (M - m + (nblk - bi) - 1) / (nblk - bi);
+                const float *a = A + (int64_t)m * lda + k0;
+                float *c = C + (int64_t)m * ldc + n;
+                const char *p = bi == 0 ? pf : NULL;
+                if (level == 2) pg_qtile_avx512(F, mr, nq, nb, a, lda, w, wrb, c, ldc, p, pf_step, kb == 0);
+                else pg_qtile_avx2(F, mr, nb_max, nq, nb, a, lda, w, wrb, c, ldc, p, pf_step, kb == 0);
+                m += mr;
+            }
+        }
+    }
+}
+#endif
+
 /* Streaming path: columns [n0, n1) of C for few rows of A. W goes by once per
  * block of nb_max rows and K block; each block is then in L1 while every row
- * block of A passes over it. f32 rows are read in place, other formats decoded
- * into scratch (nb_max x PG_KC floats). */
+ * block of A passes over it. f32 rows are read in place, f16 / bf16 widened in
+ * the tiles; other formats without register tiles (and every non-f32 format on
+ * the scalar level) are decoded into scratch (nb_max x PG_KC floats). */
 static void pg_gemm_stream(int level, int M, int n0, int n1, int K, const float *A, int64_t lda,
                            const void *W, int64_t wrb, const pagedcy_rowfmt *fmt, float *C, int64_t ldc,
                            float *scratch) {
@@ -306,9 +347,10 @@ static void pg_gemm_stream(int level, int M, int n0, int n1, int K, const float 
  * weight W of N rows stored in any row format: row n starts w_row_bytes * n
  * bytes into W and fmt->decode widens a range of it to float32 (the format's
  * block must divide PG_KC: ranges start at multiples of PG_KC). The entry
- * point for every weight format: a format only supplies its decoder; with few
- * rows it decodes nb rows of a K block into an L1 scratch for the streaming
- * tile, with many it is called by the packer.
+ * point for every weight format: a format supplies its decoder; with few rows
+ * the GGUF block formats (fmt->qtile) are decoded in registers by the streaming
+ * tiles (AVX2 / AVX-512), others decode nb rows of a K block into an L1 scratch
+ * for them; with many rows the packer calls the decoder.
  *
  * simd: a PAGEDCY_SIMD_* cap; the CPU and the build may lower it. For a given
  * level the result does not depend on M, on [n0, n1) or on the path taken (few
@@ -334,6 +376,15 @@ static int pagedcy_gemm_rows_fmt(int simd, int M, int n0, int n1, int K, const f
         return pg_gemm_packed(level, PG_KC, M, n0, n1, K, A, lda, W, w_row_bytes, fmt, C, ldc);
 #else
     (void)simd;
+#endif
+#if PG_HAVE_SIMD
+    /* Register decode for one row block of A (up to 3 rows: a decode step's few sequences);
+     * more rows would decode every weight once per row block, so they decode it once into
+     * the scratch instead (M = 16, Q4_K: ~10x the rate). Same bits either way. */
+    if (level && pg_qtile_type(fmt->qtile) && M <= PG_QTILE_MAX_M) {
+        pg_gemm_stream_q(level, M, n0, n1, K, A, lda, W, w_row_bytes, fmt->qtile, C, ldc);
+        return 0;
+    }
 #endif
     float *scratch = NULL;
     if (!pagedcy_rowfmt_is_f32(fmt)) {       /* (f16/bf16 with SIMD need none, but it is small) */

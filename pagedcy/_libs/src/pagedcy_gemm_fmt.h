@@ -79,9 +79,9 @@ static void pagedcy_decode_bf16(const void *row, int64_t k0, int64_t nk, float *
     for (int64_t i = 0; i < nk; i++) dst[i] = pagedcy_bf16_to_f32(s[i]);
 }
 
-static const pagedcy_rowfmt pagedcy_rowfmt_f32 = {pagedcy_decode_f32, 1, 4};
-static const pagedcy_rowfmt pagedcy_rowfmt_f16 = {pagedcy_decode_f16, 1, 2};
-static const pagedcy_rowfmt pagedcy_rowfmt_bf16 = {pagedcy_decode_bf16, 1, 2};
+static const pagedcy_rowfmt pagedcy_rowfmt_f32 = {pagedcy_decode_f32, 1, 4, 0};
+static const pagedcy_rowfmt pagedcy_rowfmt_f16 = {pagedcy_decode_f16, 1, 2, 0};
+static const pagedcy_rowfmt pagedcy_rowfmt_bf16 = {pagedcy_decode_bf16, 1, 2, 0};
 
 /* PAGEDCY_F32 / PAGEDCY_F16 / PAGEDCY_BF16 (pagedcy_convert.h) -> its format, or NULL. */
 static inline const pagedcy_rowfmt *pagedcy_rowfmt_for_dtype(int dtype) {

@@ -50,11 +50,6 @@
 
 #define PQ_INLINE static inline __attribute__((always_inline))
 
-/* Row dot products (pagedcy_quant_simd.h with PQS_DOT), four rows at a time:
- * acc[16 r + l] += x[0 .. nk) * rows[r][0 .. nk), lane-wise (l) in 16-
- * (AVX-512) or 8-element (AVX2) steps; nk a multiple of the block. */
-typedef void (*pq_row_dot_fn)(const uint8_t *const *rows, int64_t nk, const float *x, float *acc);
-
 /* An fp16 scale, widened exactly (pagedcy_f16_to_f32's bits, NaN payloads
  * included) without its normalising loop: subnormals are renormalised by one
  * exact float subtraction (F. Giesen's method), so a block's scale costs a few
@@ -256,11 +251,11 @@ static void pq_row_f32(const void *row, int64_t k0, int64_t nk, float *dst) {
         pq_row_bf16(r, k0, nk, d);                                                            \
     }                                                                                         \
     static const pagedcy_rowfmt pq_fmts_##SUF[11] = {                                         \
-        {pq_row_f32, 1, 4}, {pq_row_f16_##SUF, 1, 2}, {pq_row_bf16_##SUF, 1, 2},              \
-        {pq_row_q4_0_##SUF, PQ_QK, 18}, {pq_row_q4_1_##SUF, PQ_QK, 20},                       \
-        {pq_row_q5_0_##SUF, PQ_QK, 22}, {pq_row_q5_1_##SUF, PQ_QK, 24},                       \
-        {pq_row_q8_0_##SUF, PQ_QK, 34}, {pq_row_q4_k_##SUF, PQ_QK_K, 144},                    \
-        {pq_row_q5_k_##SUF, PQ_QK_K, 176}, {pq_row_q6_k_##SUF, PQ_QK_K, 210}};
+        {pq_row_f32, 1, 4, 0}, {pq_row_f16_##SUF, 1, 2, 0}, {pq_row_bf16_##SUF, 1, 2, 0},              \
+        {pq_row_q4_0_##SUF, PQ_QK, 18, PQ_Q4_0}, {pq_row_q4_1_##SUF, PQ_QK, 20, PQ_Q4_1},                       \
+        {pq_row_q5_0_##SUF, PQ_QK, 22, PQ_Q5_0}, {pq_row_q5_1_##SUF, PQ_QK, 24, PQ_Q5_1},                       \
+        {pq_row_q8_0_##SUF, PQ_QK, 34, PQ_Q8_0}, {pq_row_q4_k_##SUF, PQ_QK_K, 144, PQ_Q4_K},                    \
+        {pq_row_q5_k_##SUF, PQ_QK_K, 176, PQ_Q5_K}, {pq_row_q6_k_##SUF, PQ_QK_K, 210, PQ_Q6_K}};
 
 static void pq_row_f16_scalar(const void *r, int64_t k0, int64_t nk, float *d) { pq_row_f16(r, k0, nk, d); }
 PQ_STAMP(scalar, )
@@ -292,7 +287,7 @@ PQ_AVX512 static void pq_row_f16_avx512(const void *r, int64_t k0, int64_t nk, f
     })
 #define PQS_Z16S(bytes, d) _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), _mm512_set1_ps(d))
 
-/* AVX2: 16 bytes -> two 8-lane vectors (stored: the dot copies reload them) */
+/* AVX2: 16 bytes -> two 8-lane vectors */
 #define PQS_EMIT16_Y(y, bytes, off, d, m, mode) do {                                          \
         const __m128i b_ = (bytes);                                                           \
         const __m256 d_ = _mm256_set1_ps(d), m_ = _mm256_set1_ps(m);                          \
@@ -313,14 +308,6 @@ PQ_AVX512 static void pq_row_f16_avx512(const void *r, int64_t k0, int64_t nk, f
         _mm256_storeu_ps((y) + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(                           \
                          _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b_, b_))), d_));             \
     } while (0)
-/* ... accumulated into *acc: 8 lanes, two steps */
-#define PQS_DOT8X2(y, EMIT, ...) do {                                                         \
-        float w_[16] __attribute__((aligned(32)));                                            \
-        EMIT(w_, __VA_ARGS__);                                                                \
-        *acc = _mm256_fmadd_ps(_mm256_loadu_ps(y), _mm256_load_ps(w_), *acc);                 \
-        *acc = _mm256_fmadd_ps(_mm256_loadu_ps((y) + 8), _mm256_load_ps(w_ + 8), *acc);       \
-    } while (0)
-
 /* Each include of the template consumes (undefines) its PQS* parameters. */
 #define PQS(name) pq_##name##_avx2
 #define PQS_ATTR PQ_AVX2
@@ -338,30 +325,6 @@ PQ_AVX512 static void pq_row_f16_avx512(const void *r, int64_t k0, int64_t nk, f
 #define PQS_EMIT16S(y, bytes, d) _mm512_storeu_ps(y, PQS_Z16S(bytes, d))
 #include "pagedcy_quant_simd.h"
 
-/* The dot-product copies: PQS_EMIT16 accumulates x * w instead of storing w. */
-#define PQS_DOT 1
-#define PQS(name) pq_##name##_dot_avx2
-#define PQS_ATTR PQ_AVX2
-#define PQS_YT const float *
-#define PQS_VEC __m256
-#define PQS_EXTRA , __m256 *acc
-#define PQS_LOADACC(p) _mm256_loadu_ps(p)
-#define PQS_STOREACC(p, a) _mm256_storeu_ps(p, a)
-#define PQS_EMIT16(y, ...) PQS_DOT8X2(y, PQS_EMIT16_Y, __VA_ARGS__)
-#define PQS_EMIT16S(y, ...) PQS_DOT8X2(y, PQS_EMIT16S_Y, __VA_ARGS__)
-#include "pagedcy_quant_simd.h"
-
-#define PQS_DOT 1
-#define PQS(name) pq_##name##_dot_avx512
-#define PQS_ATTR PQ_AVX512
-#define PQS_YT const float *
-#define PQS_VEC __m512
-#define PQS_EXTRA , __m512 *acc
-#define PQS_LOADACC(p) _mm512_loadu_ps(p)
-#define PQS_STOREACC(p, a) _mm512_storeu_ps(p, a)
-#define PQS_EMIT16(y, ...) (*acc = _mm512_fmadd_ps(_mm512_loadu_ps(y), PQS_Z16(__VA_ARGS__), *acc))
-#define PQS_EMIT16S(y, ...) (*acc = _mm512_fmadd_ps(_mm512_loadu_ps(y), PQS_Z16S(__VA_ARGS__), *acc))
-#include "pagedcy_quant_simd.h"
 #else
 #define PQ_HAVE_SIMD 0
 #endif
@@ -411,23 +374,6 @@ static inline const pagedcy_rowfmt *pagedcy_quant_rowfmt(int ggml_type, int simd
     (void)simd_level;
 #endif
     return &pq_fmts_scalar[s];
-}
-
-/* The row dot product of a block type at instruction-set cap simd_level, or
- * NULL (F32 / F16 / BF16, plain C, unsupported types). */
-static inline pq_row_dot_fn pq_rowdot(int ggml_type, int simd_level) {
-    const int s = pq_slot(ggml_type);
-    if (s < 0) return NULL;
-#if PQ_HAVE_SIMD
-    switch (pagedcy_quant_level(simd_level)) {
-        case PAGEDCY_SIMD_AVX512: return pq_dots_dot_avx512[s];
-        case PAGEDCY_SIMD_AVX2: return pq_dots_dot_avx2[s];
-        default: break;
-    }
-#else
-    (void)simd_level;
-#endif
-    return NULL;
 }
 
 /* Rows [r0, r1) of a tensor of K-element rows (row_bytes bytes each, in format

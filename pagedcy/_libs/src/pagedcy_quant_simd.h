@@ -7,13 +7,9 @@
  *
  * PQS_EMIT16(y, bytes, off, d, m, mode): y[0..16) = d * (float)(bytes - off)
  * (mode 0), + m (mode 1) or - m (mode 2); the same operations, in the same
- * order, as the plain C bodies of pagedcy_quant.h, so the same bits.
- *
- * With PQS_DOT defined the same bodies make row dot products instead: y is
- * then x (the activations at the block's elements) and PQS_EMIT16 adds
- * x * w into the accumulator *acc (PQS_EXTRA declares it), 16 elements at a
- * time in order, exactly the steps (and bits) of pagedcy_quant_linear.h's
- * tiles, so a 1-row linear can skip the decoded scratch. */
+ * order, as the plain C bodies of pagedcy_quant.h, so the same bits. (The
+ * GEMM's streaming tiles decode in registers instead: pagedcy_gemm_qtile.h.)
+ */
 
 /* Bit j of bits (j < 16) as byte j: val where set, 0 elsewhere. */
 PQS_ATTR PQ_INLINE __m128i PQS(bits_to_bytes)(uint32_t bits, char val) {
@@ -132,7 +128,6 @@ PQS_ATTR PQ_INLINE void PQS(blk_q6_k)(const uint8_t *b, PQS_YT y PQS_EXTRA) {
         }
 }
 
-#ifndef PQS_DOT
 PQ_BLOCK_DECODER(PQS(row_q4_0), PQS(blk_q4_0), PQ_QK, 18, PQS_ATTR)
 PQ_BLOCK_DECODER(PQS(row_q4_1), PQS(blk_q4_1), PQ_QK, 20, PQS_ATTR)
 PQ_BLOCK_DECODER(PQS(row_q5_0), PQS(blk_q5_0), PQ_QK, 22, PQS_ATTR)
@@ -145,41 +140,11 @@ PQ_BLOCK_DECODER(PQS(row_q6_k), PQS(blk_q6_k), PQ_QK_K, 210, PQS_ATTR)
 PQS_ATTR static void PQS(row_bf16)(const void *r, int64_t k0, int64_t nk, float *d) { pq_row_bf16(r, k0, nk, d); }
 
 static const pagedcy_rowfmt PQS(fmts)[11] = {
-    {pq_row_f32, 1, 4}, {PQS(row_f16), 1, 2}, {PQS(row_bf16), 1, 2},
-    {PQS(row_q4_0), PQ_QK, 18}, {PQS(row_q4_1), PQ_QK, 20},
-    {PQS(row_q5_0), PQ_QK, 22}, {PQS(row_q5_1), PQ_QK, 24},
-    {PQS(row_q8_0), PQ_QK, 34}, {PQS(row_q4_k), PQ_QK_K, 144},
-    {PQS(row_q5_k), PQ_QK_K, 176}, {PQS(row_q6_k), PQ_QK_K, 210}};
-#else
-/* Four rows at once: four independent accumulator chains (one alone is bound by
- * the FMA latency, 4 cycles a step). */
-#define PQ_BLOCK_DOT(NAME, BLK, QK, BYTES)                                                    \
-    PQS_ATTR static void NAME(const uint8_t *const *rows, int64_t nk, const float *x,         \
-                              float *acc) {                                                   \
-        PQS_VEC a0 = PQS_LOADACC(acc), a1 = PQS_LOADACC(acc + 16);                            \
-        PQS_VEC a2 = PQS_LOADACC(acc + 32), a3 = PQS_LOADACC(acc + 48);                       \
-        const uint8_t *b0 = rows[0], *b1 = rows[1], *b2 = rows[2], *b3 = rows[3];             \
-        for (int64_t i = 0; i < nk; i += (QK)) {                                              \
-            BLK(b0, x + i, &a0); BLK(b1, x + i, &a1);                                         \
-            BLK(b2, x + i, &a2); BLK(b3, x + i, &a3);                                         \
-            b0 += (BYTES); b1 += (BYTES); b2 += (BYTES); b3 += (BYTES);                       \
-        }                                                                                     \
-        PQS_STOREACC(acc, a0); PQS_STOREACC(acc + 16, a1);                                    \
-        PQS_STOREACC(acc + 32, a2); PQS_STOREACC(acc + 48, a3);                               \
-    }
-PQ_BLOCK_DOT(PQS(dot_q4_0), PQS(blk_q4_0), PQ_QK, 18)
-PQ_BLOCK_DOT(PQS(dot_q4_1), PQS(blk_q4_1), PQ_QK, 20)
-PQ_BLOCK_DOT(PQS(dot_q5_0), PQS(blk_q5_0), PQ_QK, 22)
-PQ_BLOCK_DOT(PQS(dot_q5_1), PQS(blk_q5_1), PQ_QK, 24)
-PQ_BLOCK_DOT(PQS(dot_q8_0), PQS(blk_q8_0), PQ_QK, 34)
-PQ_BLOCK_DOT(PQS(dot_q4_k), PQS(blk_q4_k), PQ_QK_K, 144)
-PQ_BLOCK_DOT(PQS(dot_q5_k), PQS(blk_q5_k), PQ_QK_K, 176)
-PQ_BLOCK_DOT(PQS(dot_q6_k), PQS(blk_q6_k), PQ_QK_K, 210)
-#undef PQ_BLOCK_DOT
-static const pq_row_dot_fn PQS(dots)[11] = {
-    NULL, NULL, NULL, PQS(dot_q4_0), PQS(dot_q4_1), PQS(dot_q5_0), PQS(dot_q5_1),
-    PQS(dot_q8_0), PQS(dot_q4_k), PQS(dot_q5_k), PQS(dot_q6_k)};
-#endif
+    {pq_row_f32, 1, 4, 0}, {PQS(row_f16), 1, 2, 0}, {PQS(row_bf16), 1, 2, 0},
+    {PQS(row_q4_0), PQ_QK, 18, PQ_Q4_0}, {PQS(row_q4_1), PQ_QK, 20, PQ_Q4_1},
+    {PQS(row_q5_0), PQ_QK, 22, PQ_Q5_0}, {PQS(row_q5_1), PQ_QK, 24, PQ_Q5_1},
+    {PQS(row_q8_0), PQ_QK, 34, PQ_Q8_0}, {PQS(row_q4_k), PQ_QK_K, 144, PQ_Q4_K},
+    {PQS(row_q5_k), PQ_QK_K, 176, PQ_Q5_K}, {PQS(row_q6_k), PQ_QK_K, 210, PQ_Q6_K}};
 
 #undef PQS
 #undef PQS_ATTR
@@ -187,7 +152,3 @@ static const pq_row_dot_fn PQS(dots)[11] = {
 #undef PQS_EXTRA
 #undef PQS_EMIT16
 #undef PQS_EMIT16S
-#undef PQS_VEC
-#undef PQS_LOADACC
-#undef PQS_STOREACC
-#undef PQS_DOT

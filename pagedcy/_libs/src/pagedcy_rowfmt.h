@@ -16,6 +16,8 @@ typedef struct {
     pagedcy_row_decode_fn decode;
     int64_t block;        /* elements per block (1 for f32, f16 and bf16) */
     int64_t block_bytes;  /* bytes per block: a row of K elements takes K / block * block_bytes */
+    int qtile;            /* a GGUF block format's GGML type (pagedcy_quant.h) when the GEMM's
+                             streaming tiles decode it in registers (pagedcy_gemm_qtile.h), else 0 */
 } pagedcy_rowfmt;
 
 #endif
