@@ -75,6 +75,25 @@ def test_pages_per_step(flags, dtype, mods):
              dtype=dtype, layout="HND", flags=flags, **mods)
 
 
+@pytest.mark.parametrize("dtype,flags", [("float16", 0), ("bfloat16", 0), ("bfloat16", ["no_bf16_perm"]),
+                                         ("bfloat16", ["no_qk3"]), ("float16", ["super2"])])
+@pytest.mark.parametrize("H,Hkv", [(8, 8), (8, 2), (16, 2)])
+@pytest.mark.parametrize("D", [24, 40, 64, 128, 256])
+def test_token_major_steps(dtype, flags, H, Hkv, D):
+    """16-bit K/V on head-major pages read token-major in multi-page steps (AVX2 and
+    AVX-512): GQA 1/4/8, head dims that are and are not multiples of 16 (the 8-wide P.V
+    pass), 1 and 2 query rows, page counts that leave partial groups (9 pages: 4 + 4 + 1)
+    and a partial last page, so the 6-token score blocks straddle page boundaries and
+    end in the pair tail, against the float64 reference at every SIMD level."""
+    rng = np.random.default_rng(D * 100 + H + Hkv + len(str(flags)) + len(dtype))
+    run_case(rng, q_lens=[1, 2, 1, 1], kv_lens=[16 * 9, 16 * 6 + 5, 16 * 4, 16 * 2], H=H, Hkv=Hkv, D=D,
+             T=16, dtype=dtype, layout="HND", causal=False, flags=flags)
+    # an odd page size's worth of virtual tokens per step is impossible (T % 2 == 0 is
+    # required), but 6-token blocks over 2 pages of 4 tokens (8 = 6 + pair) are not
+    run_case(rng, q_lens=[1, 1], kv_lens=[4 * 7, 4 * 3 + 1], H=H, Hkv=Hkv, D=D, T=4, dtype=dtype,
+             layout="HND", causal=False, flags=flags)
+
+
 def test_page_subset_view():
     """Every other page of a pool (a strided view) reads the pages it names."""
     rng = np.random.default_rng(7)

@@ -10,7 +10,8 @@ hits all of them alike. Reports time, GB/s of K+V read (decode) or GFLOP/s
 (prefill), the share of the read bandwidth measured in the same run, and the
 share of the case's roof (the lesser of the page-walk read rate and the
 arithmetic roof: the measured FMA rate times the K/V bytes one lane-FMA
-consumes), the speed-up over a NumPy reference (gather + batched matmul/softmax) and over
+consumes; for the in-cache cases the cache read rate of a buffer their size
+instead of the walk), the speed-up over a NumPy reference (gather + batched matmul/softmax) and over
 torch's scaled_dot_product_attention on contiguous K/V (when torch imports).
 """
 import argparse
@@ -223,15 +224,16 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_sim
 
 
 def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=None, walk=None,
-                     fma=None):
+                     fma=None, cache=None):
     """Run every row's case once per round, round after round (at least `repeats`
     rounds and `min_seconds`), and keep each case's best time: a noisy
     neighbour then hits all cases alike instead of whichever ran during it.
     With `bw` ({threads: GB/s}), each round also measures the read bandwidth
     and `bw` keeps the best, so the yardstick gets the same treatment; `walk`
     likewise for ``page_read_bandwidth`` over the same buffer, and `fma`
-    ({(threads, simd): lane-FMAs/s}) for ``fma_rate``.
-    `progress` (a Progress over `min_seconds`) follows the elapsed time."""
+    ({(threads, simd): lane-FMAs/s}) for ``fma_rate``, and `cache` ({(threads, nbytes):
+    GB/s}) for ``read_bandwidth`` re-reading a buffer of that size (the cache read rate of
+    an in-cache case). `progress` (a Progress over `min_seconds`) follows the elapsed time."""
     start = time.perf_counter()
     t_end = start + min_seconds
     rounds = 0
@@ -250,7 +252,22 @@ def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=
             walk[k] = max(walk[k], page_read_bandwidth(num_threads=k, repeats=1, buffer=bw_buf))
         for th, lvl in (fma or {}):
             fma[th, lvl] = max(fma[th, lvl], fma_rate(th, lvl, repeats=1))
+        for th, nb in (cache or {}):
+            cache[th, nb] = max(cache[th, nb], cache_read_rate(th, nb))
     return rounds
+
+
+_CACHE_BUFS: dict[int, np.ndarray] = {}
+
+
+def cache_read_rate(threads, nbytes):
+    """GB/s of ``read_bandwidth`` over a buffer of ``nbytes`` (rounded up to 4 KiB) read
+    again and again, so it stays in whichever cache holds it: the memory roof of a case
+    whose K/V are that size and resident (4 x 256 fp32 is 8 MiB, past a 2 MiB L2)."""
+    nb = max(4096, -(-nbytes // 4096) * 4096)
+    if nb not in _CACHE_BUFS:
+        _CACHE_BUFS[nb] = np.ones(nb // 4, dtype=np.float32)
+    return read_bandwidth(num_threads=threads, repeats=3, buffer=_CACHE_BUFS[nb])
 
 
 def kv_bytes_per_fma(dtype, group=H // HKV, head_dim=D):
@@ -263,31 +280,36 @@ def kv_bytes_per_fma(dtype, group=H // HKV, head_dim=D):
     return es / group
 
 
-def row_roof(row, walk, fma):
+def row_roof(row, walk, fma, cache=None):
     """(GB/s, bound) of a decode row: the arithmetic roof ``fma[(threads, simd)]`` (lane-FMAs/s)
-    times ``kv_bytes_per_fma``, and for a row reading from DRAM the lesser of that and the
-    page-walk rate ``walk[threads]``; bound "a" (arithmetic) or "w" (walk). None without
-    the yardsticks."""
+    times ``kv_bytes_per_fma``, and the lesser of that and, for a row reading from DRAM, the
+    page-walk rate ``walk[threads]``, for an in-cache row the cache read rate
+    ``cache[(threads, nbytes)]`` of a buffer its size; bound "a" (arithmetic), "w" (walk) or
+    "c" (cache). None without the yardsticks."""
     f = (fma or {}).get((row["threads"], row["simd"]))
     if row["kind"] != "decode" or f is None:
         return None
     arith = f * kv_bytes_per_fma(row["dtype"]) / 1e9
+    if row["in_cache"]:
+        c = (cache or {}).get((row["threads"], row["nbytes"]))
+        return (arith, "a") if c is None or arith <= c else (c, "c")
     w = (walk or {}).get(row["threads"])
-    if row["in_cache"] or w is None or arith <= w:
+    if w is None or arith <= w:
         return arith, "a"
     return w, "w"
 
 
-def finish_row(row, bw, walk=None, fma=None):
+def finish_row(row, bw, walk=None, fma=None, cache=None):
     """Fill a benchmark row's derived columns in place from its best time: ``ms``, ``rate``
     and ``unit`` (GB/s of page bytes read for decode, GFLOP/s for prefill), ``pct_bw``
     (decode rate as a percentage of ``bw[threads]``, the measured read bandwidth in GB/s)
     and ``pct_walk`` (the same of ``walk[threads]``, the page-walk read rate, when given);
-    ``roof`` / ``pct_roof`` (``row_roof`` with ``fma``: {(threads, simd): lane-FMAs/s})."""
+    ``roof`` / ``pct_roof`` (``row_roof`` with ``fma``: {(threads, simd): lane-FMAs/s}, and
+    ``cache``: {(threads, nbytes): GB/s})."""
     t = min(row["times"]) / row["reps"]
     row["ms"] = t * 1e3
     row["pct_walk"] = None
-    row["roof"] = row_roof(row, walk, fma)
+    row["roof"] = row_roof(row, walk, fma, cache)
     row["pct_roof"] = None
     if row["kind"] == "decode":
         row["rate"] = row["nbytes"] / t / 1e9
@@ -355,12 +377,13 @@ def _per_thread(rates):
     return ", ".join(f"{k} thread{'s' if k > 1 else ''} {v:.1f} GB/s" for k, v in sorted(rates.items()))
 
 
-def format_table(rows, bw, bw_start=None, walk=None, fma=None):
+def format_table(rows, bw, bw_start=None, walk=None, fma=None, cache=None):
     """The result table as text: one line per finished row (time, rate, % of read bandwidth,
     % of the page-walk read rate, the roof and its share, speed-up over NumPy and torch), then
     the read bandwidth per thread count (``bw``, GB/s), when given the bandwidth measured at
-    the start (``bw_start``), the page-walk read rate (``walk``, GB/s) and the FMA rates
-    (``fma``, {(threads, simd): lane-FMAs/s})."""
+    the start (``bw_start``), the page-walk read rate (``walk``, GB/s), the FMA rates
+    (``fma``, {(threads, simd): lane-FMAs/s}) and the cache read rates (``cache``,
+    {(threads, nbytes): GB/s})."""
     head = (f"{'case':<34}{'thr':>4}{'time ms':>10}{'rate':>16}{'% of bw':>9}{'% walk':>8}"
             f"{'roof GB/s':>11}{'% roof':>8}{'x numpy':>9}{'x torch':>9}")
     lines = [head, "-" * len(head)]
@@ -389,8 +412,12 @@ def format_table(rows, bw, bw_start=None, walk=None, fma=None):
         names = {0: "scalar", 1: "AVX2", 2: "AVX-512"}
         lines.append("roof: a = arithmetic (fma_rate, best of the start and every round: lane-FMAs/s of 12 FMA chains, times the K/V bytes "
                      f"one lane-FMA consumes: dtype bytes / {H // HKV} query heads per KV head), "
-                     "w = page-walk read rate; i8q: int8 K/V with quantize_query=True; FMA rates "
+                     "w = page-walk read rate, c = cache read rate of a buffer the case's size; i8q: int8 K/V with quantize_query=True; FMA rates "
                      + ", ".join(f"{names.get(s, s)} {k} thr {v / 1e9:.1f} G/s" for (k, s), v in sorted(fma.items())))
+    if cache:
+        lines.append("cache read rates (read_bandwidth re-reading a buffer of an in-cache case's size, best of "
+                     "the start and every round): "
+                     + ", ".join(f"{nb / 2**20:.0f} MiB {k} thr {v:.1f} GB/s" for (k, nb), v in sorted(cache.items())))
     return "\n".join(lines)
 
 
@@ -486,6 +513,7 @@ def main(argv=None):
         for th, lvl in fma:
             fma[th, lvl] = fma_rate(th, lvl, repeats=3)
         progress.update()
+        cache = {}
         seeds = {}
         rows = []
         for name, kind, b, l, dt, th, ql, ms, *extra in specs:
@@ -494,13 +522,17 @@ def main(argv=None):
                                    seeds.setdefault((b, l, ql), 1000 + len(seeds)),
                                    q_len=ql, max_simd=ms, layout=extra[0] if extra else "HND",
                                    quantize_query=len(extra) > 1 and extra[1]))
+            if rows[-1]["in_cache"] and rows[-1]["kind"] == "decode":
+                key = (th, rows[-1]["nbytes"])
+                if key not in cache:
+                    cache[key] = cache_read_rate(*key)
             progress.update()
     bw_start = dict(bw)
     with Progress(secs, "timing", unit="s") as progress:
-        rounds = time_interleaved(rows, rep, secs, bw, bw_buf, progress, walk, fma)
+        rounds = time_interleaved(rows, rep, secs, bw, bw_buf, progress, walk, fma, cache)
     del bw_buf
     for row in rows:
-        finish_row(row, bw, walk, fma)
+        finish_row(row, bw, walk, fma, cache)
         del row["run"]
     if base:
         with Progress(len(rows), "baselines", unit="case") as progress:
@@ -515,7 +547,8 @@ def main(argv=None):
     if base:
         print(f"NumPy BLAS (the baseline's matmuls, limited to each row's threads): "
               f"{blas_description()}")
-    print(format_table(rows, bw, bw_start, walk, fma))
+    print(format_table(rows, bw, bw_start, walk, fma, cache))
+    _CACHE_BUFS.clear()
     by = {(r["case"], r["threads"]): r for r in rows}
     d32, f16 = by.get((f"{dec} fp32", nt)), by.get((f"{dec} fp16", nt))
     if d32 and f16:

@@ -155,21 +155,46 @@ PA_AVX2_INLINE __m256 pa_qk4_pair(const float *q, int D, const char *kb0, const 
  * tokens (kb0, kb1) and the 4 scores [r0..r3] of token kb2. q is read as FMA
  * memory operands, so 12 accumulators + 3 K registers fit in 16. */
 PA_AVX2_INLINE void pa_qk4_tri(const float *q, int D, const char *kb0, const char *kb1, const char *kb2,
-                               int dtype, __m256 *pair, __m128 *single) {
+                               int dtype, int perm, __m256 *pair, __m128 *single) {
     const float *q0 = q, *q1 = q + D, *q2 = q + 2 * D, *q3 = q + 3 * D;
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
     __m256 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
-    for (int64_t d = 0; d < D; d += 8) {
-        __m256 k0 = pa_ld8(kb0, d, dtype), k1 = pa_ld8(kb1, d, dtype), k2 = pa_ld8(kb2, d, dtype);
-        __m256 x = _mm256_loadu_ps(q0 + d);
-        a00 = _mm256_fmadd_ps(x, k0, a00); a01 = _mm256_fmadd_ps(x, k1, a01); a02 = _mm256_fmadd_ps(x, k2, a02);
-        x = _mm256_loadu_ps(q1 + d);
-        a10 = _mm256_fmadd_ps(x, k0, a10); a11 = _mm256_fmadd_ps(x, k1, a11); a12 = _mm256_fmadd_ps(x, k2, a12);
-        x = _mm256_loadu_ps(q2 + d);
-        a20 = _mm256_fmadd_ps(x, k0, a20); a21 = _mm256_fmadd_ps(x, k1, a21); a22 = _mm256_fmadd_ps(x, k2, a22);
-        x = _mm256_loadu_ps(q3 + d);
-        a30 = _mm256_fmadd_ps(x, k0, a30); a31 = _mm256_fmadd_ps(x, k1, a31); a32 = _mm256_fmadd_ps(x, k2, a32);
+#define PA_TRI_FMA(d_, k0, k1, k2) do { \
+        __m256 x = _mm256_loadu_ps(q0 + (d_)); \
+        a00 = _mm256_fmadd_ps(x, k0, a00); a01 = _mm256_fmadd_ps(x, k1, a01); a02 = _mm256_fmadd_ps(x, k2, a02); \
+        x = _mm256_loadu_ps(q1 + (d_)); \
+        a10 = _mm256_fmadd_ps(x, k0, a10); a11 = _mm256_fmadd_ps(x, k1, a11); a12 = _mm256_fmadd_ps(x, k2, a12); \
+        x = _mm256_loadu_ps(q2 + (d_)); \
+        a20 = _mm256_fmadd_ps(x, k0, a20); a21 = _mm256_fmadd_ps(x, k1, a21); a22 = _mm256_fmadd_ps(x, k2, a22); \
+        x = _mm256_loadu_ps(q3 + (d_)); \
+        a30 = _mm256_fmadd_ps(x, k0, a30); a31 = _mm256_fmadd_ps(x, k1, a31); a32 = _mm256_fmadd_ps(x, k2, a32); \
+    } while (0)
+    if (perm) {
+        /* bf16, permuted lanes: the low unpacks of a 16-chunk of the three
+         * rows, then the high ones from a second load of the same 32 bytes
+         * (an L1 hit; the row pointers go through an empty asm so the
+         * compiler cannot merge the loads and keep six K vectors live, which
+         * with 12 accumulators spills) */
+        const __m256i z = _mm256_setzero_si256();
+        const char *h0 = kb0, *h1 = kb1, *h2 = kb2;
+        __asm__("" : "+r"(h0), "+r"(h1), "+r"(h2));
+        for (int64_t d = 0; d < D; d += 16) {
+            __m256 k0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, _mm256_loadu_si256((const __m256i *)(kb0 + 2 * d))));
+            __m256 k1 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, _mm256_loadu_si256((const __m256i *)(kb1 + 2 * d))));
+            __m256 k2 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, _mm256_loadu_si256((const __m256i *)(kb2 + 2 * d))));
+            PA_TRI_FMA(d, k0, k1, k2);
+            k0 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, _mm256_loadu_si256((const __m256i *)(h0 + 2 * d))));
+            k1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, _mm256_loadu_si256((const __m256i *)(h1 + 2 * d))));
+            k2 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, _mm256_loadu_si256((const __m256i *)(h2 + 2 * d))));
+            PA_TRI_FMA(d + 8, k0, k1, k2);
+        }
+    } else {
+        for (int64_t d = 0; d < D; d += 8) {
+            __m256 k0 = pa_ld8(kb0, d, dtype), k1 = pa_ld8(kb1, d, dtype), k2 = pa_ld8(kb2, d, dtype);
+            PA_TRI_FMA(d, k0, k1, k2);
+        }
     }
+#undef PA_TRI_FMA
     *pair = pa_hsum8(a00, a01, a10, a11, a20, a21, a30, a31);
     __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a02, a12), _mm256_hadd_ps(a22, a32));
     *single = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
@@ -193,7 +218,7 @@ PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
     /* prefetch lines per token pair */
     const int per_pair = pf ? (pa_pf_lines_left(pf) + (thi - tlo + 1) / 2 - 1) / ((thi - tlo + 1) / 2) : 0;
     int t = tlo;
-    if (!perm && !(flags & PA_TUNE_NO_QK3)) {
+    if (!(flags & PA_TUNE_NO_QK3)) {
         /* six tokens = pairs (t, t+1), (t+2, t+3), (t+4, t+5) from two
          * 3-token passes: (t, t+1 | t+2) and (t+4, t+5 | t+3) */
         for (; t + 6 <= thi; t += 6) {
@@ -202,8 +227,8 @@ PA_AVX2_INLINE void pa_qk4_t(const float *q, int D, const void *K, int64_t ks,
             if (pf) pa_pf_step(pf, 3 * per_pair, flags);
             __m256 p0, p2;
             __m128 s2, s3;
-            pa_qk4_tri(q, D, kb, kb + rs, kb + 2 * rs, dtype, &p0, &s2);
-            pa_qk4_tri(q, D, kb + 4 * rs, kb + 5 * rs, kb + 3 * rs, dtype, &p2, &s3);
+            pa_qk4_tri(q, D, kb, kb + rs, kb + 2 * rs, dtype, perm, &p0, &s2);
+            pa_qk4_tri(q, D, kb + 4 * rs, kb + 5 * rs, kb + 3 * rs, dtype, perm, &p2, &s3);
             __m256 p1 = _mm256_set_m128(_mm_unpackhi_ps(s2, s3), _mm_unpacklo_ps(s2, s3));
             float *o = S + (t >> 1) * 8;
             _mm256_storeu_ps(o, p0);
@@ -463,11 +488,144 @@ PA_AVX2 static void pa_pv4_avx2(float *O, int D, const float *alpha, const float
     else PA_DISPATCH_DTYPE(dtype, DT, pa_pv4_t(O, D, alpha, P, Sld, V, vs, tlo, thi, pf, flags, DT, 0));
 }
 
-/* Several whole pages per step: page after page here (the helpers live in
- * pagedcy_attn_item.h); only the AVX-512 kernels read them token-major. */
-enum { pa_super_token_major_avx2 = 0 };
-#define pa_qk4v_avx2 pa_qk4v_pages_avx2
-#define pa_pv4v_avx2 pa_pv4v_pages_avx2
+/* ---- several whole pages per step, token-major ---------------------------
+ * Virtual token v = t*npg + j is token t of page j (pagedcy_attn_item.h), so
+ * each pass reads row t of every page side by side: npg streams of rows in
+ * flight instead of one, as the AVX-512 kernels do. Page after page
+ * (PA_TUNE_SUPER_PAGE_ORDER, pa_qk4v_pages_avx2) the AVX2 path hid less of
+ * its compute behind the page walk than AVX-512 (32 x 2048 from DRAM, Intel
+ * Xeon, 2 threads: fp16 62%, bf16 58% of the walk rate against 87%, 86%).
+ * Row pointers are stepped (page, then row), not divided. 16-bit K/V only
+ * (pa_super_token_major_avx2). */
+#define PA_VSTEP(j, off, npg, rs) do { if (++(j) == (npg)) { (j) = 0; (off) += (rs); } } while (0)
+
+PA_AVX2_INLINE void pa_qk4v_t(const float *q, int D, const char *const *K, int npg, int T, int64_t ks,
+                              float *S, pa_pfcur *pf, int flags, int dtype, int perm) {
+    const int64_t rs = ks * pa_dtype_bytes(dtype);
+    const int n = npg * T;            /* even: the driver takes T % 2 == 0 */
+    const int steps = (n + 5) / 6;
+    int per[PA_SUPER_PAGES];
+    for (int j = 0; pf && j < npg; j++) per[j] = (pa_pf_lines_left(pf + j) + steps - 1) / steps;
+    int j = 0;
+    int64_t off = 0;
+    int v = 0;
+    if (!(flags & PA_TUNE_NO_QK3)) {
+        for (; v + 6 <= n; v += 6) {
+            const char *r[6];
+            for (int i = 0; i < 6; i++) { r[i] = K[j] + off; PA_VSTEP(j, off, npg, rs); }
+            for (int i = 0; pf && i < npg; i++) pa_pf_step(pf + i, per[i], flags);
+            __m256 p0, p2;
+            __m128 s2, s3;
+            pa_qk4_tri(q, D, r[0], r[1], r[2], dtype, perm, &p0, &s2);
+            pa_qk4_tri(q, D, r[4], r[5], r[3], dtype, perm, &p2, &s3);
+            float *o = S + (v >> 1) * 8;
+            _mm256_storeu_ps(o, p0);
+            _mm256_storeu_ps(o + 8, _mm256_set_m128(_mm_unpackhi_ps(s2, s3), _mm_unpacklo_ps(s2, s3)));
+            _mm256_storeu_ps(o + 16, p2);
+        }
+    }
+    for (; v < n; v += 2) {
+        const char *r0 = K[j] + off;
+        PA_VSTEP(j, off, npg, rs);
+        const char *r1 = K[j] + off;
+        PA_VSTEP(j, off, npg, rs);
+        for (int i = 0; pf && i < npg; i++) pa_pf_step(pf + i, per[i], flags);
+        _mm256_storeu_ps(S + (v >> 1) * 8, pa_qk4_pair(q, D, r0, r1, dtype, perm));
+    }
+    for (int i = 0; pf && i < npg; i++) pa_pf_step(pf + i, pa_pf_lines_left(pf + i), flags);
+}
+
+/* P.V in the same token-major order, 16 output columns (8 accumulators) per
+ * pass as pa_pv4_t; the first page's alpha rescales O, once. */
+PA_AVX2_INLINE void pa_pv4v_t(float *O, int D, const float *alpha, const float *P, const char *const *V,
+                              int npg, int T, int64_t vs, pa_pfcur *pf, int flags, int dtype, int perm) {
+    const int64_t es = pa_dtype_bytes(dtype), vsb = vs * es;
+    const int n = npg * T;
+    const int passes = (D + 15) / 16;
+    int per[PA_SUPER_PAGES];
+    for (int j = 0; pf && j < npg; j++) per[j] = (pa_pf_lines_left(pf + j) + passes - 1) / passes;
+    float *O0 = O, *O1 = O + D, *O2 = O + 2 * D, *O3 = O + 3 * D;
+    const __m256 al0 = _mm256_set1_ps(alpha[0]), al1 = _mm256_set1_ps(alpha[1]);
+    const __m256 al2 = _mm256_set1_ps(alpha[2]), al3 = _mm256_set1_ps(alpha[3]);
+    for (int d = 0; d < D; d += 16) {
+        for (int i = 0; pf && i < npg; i++) pa_pf_step(pf + i, per[i], flags);
+        const char *Vd[PA_SUPER_PAGES];
+        for (int i = 0; i < npg; i++) Vd[i] = V[i] + (int64_t)d * es;
+        if (d + 16 > D) {           /* D % 16 == 8: one 8-wide pass */
+            __m256 c0 = _mm256_mul_ps(_mm256_loadu_ps(O0 + d), al0), c1 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d), al1);
+            __m256 c2 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d), al2), c3 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d), al3);
+            int j = 0;
+            int64_t off = 0;
+            for (int v = 0; v < n; v++) {
+                const __m256 x = pa_ld8(Vd[j] + off, 0, dtype);
+                PA_VSTEP(j, off, npg, vsb);
+                const float *pt = P + (v >> 1) * 8 + (v & 1);
+                c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt), x, c0);
+                c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt + 2), x, c1);
+                c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt + 4), x, c2);
+                c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt + 6), x, c3);
+            }
+            _mm256_storeu_ps(O0 + d, c0); _mm256_storeu_ps(O1 + d, c1);
+            _mm256_storeu_ps(O2 + d, c2); _mm256_storeu_ps(O3 + d, c3);
+            break;
+        }
+        __m256 c00 = _mm256_mul_ps(_mm256_loadu_ps(O0 + d), al0), c01 = _mm256_mul_ps(_mm256_loadu_ps(O0 + d + 8), al0);
+        __m256 c10 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d), al1), c11 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d + 8), al1);
+        __m256 c20 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d), al2), c21 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d + 8), al2);
+        __m256 c30 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d), al3), c31 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d + 8), al3);
+#define PA_PVV_STEP(row, pp) do { \
+            __m256 v0, v1; \
+            if (perm) pa_ld16_bf16p((row), 0, &v0, &v1); \
+            else { v0 = pa_ld8((row), 0, dtype); v1 = pa_ld8((row), 8, dtype); } \
+            __m256 b; \
+            b = _mm256_broadcast_ss((pp)); c00 = _mm256_fmadd_ps(b, v0, c00); c01 = _mm256_fmadd_ps(b, v1, c01); \
+            b = _mm256_broadcast_ss((pp) + 2); c10 = _mm256_fmadd_ps(b, v0, c10); c11 = _mm256_fmadd_ps(b, v1, c11); \
+            b = _mm256_broadcast_ss((pp) + 4); c20 = _mm256_fmadd_ps(b, v0, c20); c21 = _mm256_fmadd_ps(b, v1, c21); \
+            b = _mm256_broadcast_ss((pp) + 6); c30 = _mm256_fmadd_ps(b, v0, c30); c31 = _mm256_fmadd_ps(b, v1, c31); \
+        } while (0)
+        int j = 0;
+        int64_t off = 0;
+        const float *pp = P;
+        for (int v = 0; v < n; v += 2, pp += 8) {      /* n even */
+            const char *r0 = Vd[j] + off;
+            PA_VSTEP(j, off, npg, vsb);
+            const char *r1 = Vd[j] + off;
+            PA_VSTEP(j, off, npg, vsb);
+            PA_PVV_STEP(r0, pp);
+            PA_PVV_STEP(r1, pp + 1);
+        }
+#undef PA_PVV_STEP
+        _mm256_storeu_ps(O0 + d, c00); _mm256_storeu_ps(O0 + d + 8, c01);
+        _mm256_storeu_ps(O1 + d, c10); _mm256_storeu_ps(O1 + d + 8, c11);
+        _mm256_storeu_ps(O2 + d, c20); _mm256_storeu_ps(O2 + d + 8, c21);
+        _mm256_storeu_ps(O3 + d, c30); _mm256_storeu_ps(O3 + d + 8, c31);
+    }
+    for (int i = 0; pf && i < npg; i++) pa_pf_step(pf + i, pa_pf_lines_left(pf + i), flags);
+}
+#undef PA_VSTEP
+
+/* Token-major for 16-bit K/V only. Measured (Intel Xeon, AVX2 kernels, 1
+ * thread, CPU time, H 32 / Hkv 8 / D 128) against page after page: 32 x
+ * 2048 from DRAM fp16 1.17x, bf16 1.22x, fp32 1.05x, int8 1.0x; with 4 x 256
+ * in the last-level cache 0.92x (16-bit), 0.89x (fp32), 0.93x (int8): the
+ * rows at one offset of npg pages share an L1 set (the page stride is a
+ * multiple of 4 KiB). So fp32 keeps one page per step and int8 pages in
+ * order, where the gain does not pay for that. */
+#define pa_super_token_major_avx2(dtype) ((dtype) == PAGEDCY_F16 || (dtype) == PAGEDCY_BF16)
+
+PA_AVX2 static void pa_qk4v_avx2(const float *q, int D, const char *const *K, int npg, int T, int64_t ks,
+                                 float *S, pa_pfcur *pf, int flags, int dtype, int perm) {
+    if (perm) pa_qk4v_t(q, D, K, npg, T, ks, S, pf, flags, PAGEDCY_BF16, 1);
+    else if (dtype == PAGEDCY_F16) pa_qk4v_t(q, D, K, npg, T, ks, S, pf, flags, PAGEDCY_F16, 0);
+    else pa_qk4v_t(q, D, K, npg, T, ks, S, pf, flags, PAGEDCY_BF16, 0);
+}
+
+PA_AVX2 static void pa_pv4v_avx2(float *O, int D, const float *alpha, const float *P, const char *const *V,
+                                 int npg, int T, int64_t vs, pa_pfcur *pf, int flags, int dtype, int perm) {
+    if (perm) pa_pv4v_t(O, D, alpha, P, V, npg, T, vs, pf, flags, PAGEDCY_BF16, 1);
+    else if (dtype == PAGEDCY_F16) pa_pv4v_t(O, D, alpha, P, V, npg, T, vs, pf, flags, PAGEDCY_F16, 0);
+    else pa_pv4v_t(O, D, alpha, P, V, npg, T, vs, pf, flags, PAGEDCY_BF16, 0);
+}
 
 /* End of an online-softmax step of a 4-row block: from the new row maxima
  * (lanes 2r, 2r+1 of mnew) and the partial sums of p (lanes 2r, 2r+1 of acc),

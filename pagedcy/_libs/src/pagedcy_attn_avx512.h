@@ -494,7 +494,7 @@ PA_AVX512 static void pa_pv4_avx512(float *O, int D, const float *alpha, const f
 
 /* Several whole pages per step (pagedcy_attn_item.h): scores and P.V in
  * token-major order (the AVX2 and scalar paths go page after page). */
-enum { pa_super_token_major_avx512 = 1 };
+#define pa_super_token_major_avx512(dtype) ((void)(dtype), 1)
 
 PA_AVX512 static void pa_qk4v_avx512(const float *q, int D, const char *const *K, int npg, int T, int64_t ks,
                                      float *S, pa_pfcur *pf, int flags, int dtype, int perm) {

@@ -11,7 +11,8 @@
  * straight from the pool), pa_pack_kt / pa_pack_row / pa_qk12 / pa_pv12
  * (12-row blocks on packed float32 slices), pa_scale_copy and pa_kv_perm,
  * and for multi-page decode steps pa_qk4v / pa_pv4v with
- * pa_super_token_major (AVX-512 reads the pages token-major; the others
+ * pa_super_token_major(dtype) (AVX-512 reads the pages token-major, AVX2
+ * only 16-bit ones; the others
  * map pa_qk4v / pa_pv4v to the page-after-page helpers defined here).
  *
  * Query vectors of the item are numbered v = row * G + head_in_group and
@@ -194,12 +195,13 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
          * page per step, 32 x 2048 from DRAM: bf16 1.07-1.11x on 1 thread,
          * 1.02-1.06x on 2; fp32 1.05x on 2 threads, 0.95x on 1; reading the
          * pages one after another instead (PA_TUNE_SUPER_PAGE_ORDER, what the
-         * AVX2 and scalar paths do) cost fp32 15%, so there only 16-bit and
-         * int8 K/V take several pages. Without ALiBi (positions are not in
+         * scalar path does, and AVX2 for int8) cost fp32 15%, so there only
+         * 16-bit and int8 K/V take several pages (AVX2 reads 16-bit ones
+         * token-major too, pa_super_token_major_avx2 says why). Without ALiBi (positions are not in
          * order in a token-major step); pages must be whole for every row. */
         int npg = 1;
         if (!packed && Mp < 32 && !nhd && T % 2 == 0 && whole && nt == T && !(flags & PA_TUNE_SUPER1) && !P->alibi
-            && (es < 4 || (PA_SFX(pa_super_token_major) && !(flags & PA_TUNE_SUPER_PAGE_ORDER))
+            && (es < 4 || (PA_SFX(pa_super_token_major)(P->dtype) && !(flags & PA_TUNE_SUPER_PAGE_ORDER))
                 || (flags & PA_TUNE_SUPER_F32))) {
             const int cap = (flags & PA_TUNE_SUPER2) ? 2 : PA_SUPER_PAGES;
             while (npg < cap && p + npg <= p_last && kv_len - (tok0 + (int64_t)npg * T) >= T
@@ -234,7 +236,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 }
                 const char *Ks[PA_SUPER_PAGES], *Vs[PA_SUPER_PAGES];
                 for (int j = 0; j < npg; j++) { Ks[j] = Kj[j] + D; Vs[j] = Vj[j] + D; }  /* int8 scales */
-                const int tm = PA_SFX(pa_super_token_major) && !(flags & PA_TUNE_SUPER_PAGE_ORDER);
+                const int tm = PA_SFX(pa_super_token_major)(P->dtype) && !(flags & PA_TUNE_SUPER_PAGE_ORDER);
                 for (int b4 = 0; b4 < nblk; b4++) {
                     if (b4 * 4 >= M) continue;
                     float *Sb = W.S + (int64_t)b4 * 4 * SldS;

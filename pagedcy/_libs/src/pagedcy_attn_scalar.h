@@ -85,7 +85,7 @@ static void pa_pv4_scalar(float *O, int D, const float *alpha, const float *P, i
 
 /* Several whole pages per step: page after page here (the helpers live in
  * pagedcy_attn_item.h); only the AVX-512 kernels read them token-major. */
-enum { pa_super_token_major_scalar = 0 };
+#define pa_super_token_major_scalar(dtype) ((void)(dtype), 0)
 #define pa_qk4v_scalar pa_qk4v_pages_scalar
 #define pa_pv4v_scalar pa_pv4v_pages_scalar
 /* Online-softmax step of a 4-row block over token pairs [jb, je), the
