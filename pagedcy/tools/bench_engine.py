@@ -8,6 +8,7 @@ through ``LLM.generate`` against transformers' ``generate`` (padded static batch
 the anchor script. Then overheads: prefill against NumPy's matmul on the same GEMM shapes, a
 decode step's GEMM / attention / elementwise / Python split, and peak RSS against weights +
 KV pool. The header names the CPU, caches, BLAS kernel, threads, wait policy and environment.
+``--gguf FILE`` and ``--bf16-vs-f32`` run :mod:`pagedcy.tools.bench_gguf`'s tables instead.
 """
 import glob
 import json
@@ -385,6 +386,12 @@ def main(argv=None):
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--tiny-model", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--gguf", action="append", default=None, metavar="FILE",
+                    help="instead of the tables above: pp512, tg64 and 16 x (512 + 32) on this "
+                         "GGUF file, RSS, %% of the read bandwidth, llama.cpp's rows beside "
+                         "(repeatable; see pagedcy.tools.bench_gguf)")
+    ap.add_argument("--bf16-vs-f32", action="store_true",
+                    help="a bf16 checkpoint of qwen2.5-0.5b's shape with dtype auto vs float32")
     from pagedcy.server.launch import add_weight_arguments
     add_weight_arguments(ap)
     args = ap.parse_args(argv)
@@ -395,6 +402,9 @@ def main(argv=None):
         threadpool_limits(args.threads, user_api="blas")
     except ImportError:
         pass
+    if args.gguf or args.bf16_vs_f32:
+        from pagedcy.tools.bench_gguf import run
+        return run(args)
     only = set(args.only or ("A", "B", "overheads"))
     args.default_model = args.model_dir is None and not args.tiny_model
     if args.model_dir is None:

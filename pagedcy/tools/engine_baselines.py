@@ -85,15 +85,16 @@ def _child(mode, model_dir, spec):
                       "prompt_tokens": sum(len(p) for p in prompts)}))
 
 
-def llama_cpp_bins():
+def llama_cpp_bins(model=None):
     """``(llama-bench, llama-batched-bench, gguf)`` paths when the anchor script has built them
-    and written the model, else None. Never builds anything."""
+    and the model exists (``model``, default the 55M Llama it writes), else None. Never
+    builds anything."""
     for src in sorted(glob.glob(os.path.join(LLAMA_CPP_CACHE, "llama_cpp_python-*", "vendor", "llama.cpp"))):
         b = os.path.join(src, "build", "bin")
         bench, batched = os.path.join(b, "llama-bench"), os.path.join(b, "llama-batched-bench")
-        model = os.path.join(LLAMA_CPP_CACHE, GGUF_NAME)
-        if all(os.access(p, os.X_OK) for p in (bench, batched)) and os.path.isfile(model):
-            return bench, batched, model
+        path = model if model is not None else os.path.join(LLAMA_CPP_CACHE, GGUF_NAME)
+        if all(os.access(p, os.X_OK) for p in (bench, batched)) and os.path.isfile(path):
+            return bench, batched, path
     return None
 
 
@@ -106,30 +107,45 @@ def _table_rows(text):
     return rows
 
 
-def run_llama_cpp(threads, npl, npp, ntg, timeout=900):
+def _run(cmd, timeout):
+    """``(stdout, None)`` of a llama.cpp binary, or ``(stdout, error text)`` when it failed
+    (a build for another CPU dies of SIGILL, one whose AMX tiles the kernel refuses of SIGSEGV)."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "", f"{os.path.basename(cmd[0])} timed out after {timeout} s"
+    if out.returncode != 0:
+        return out.stdout, f"{os.path.basename(cmd[0])} exited with {out.returncode}"
+    return out.stdout, None
+
+
+def run_llama_cpp(threads, npl, npp, ntg, timeout=900, model=None, tg=64):
     """Run llama.cpp's batched bench (npl sequences x (npp prompt + ntg generated)) and
-    llama-bench (pp npp, tg 64, one sequence). Returns a dict with ``prefill_tps``,
-    ``gen_tps``, ``total_s``, ``single_decode_tps``, ``single_prefill_tps`` and the raw
-    tables, or None when the binaries are not built."""
-    bins = llama_cpp_bins()
+    llama-bench (pp npp, tg ``tg``, one sequence) on ``model`` (default the 55M Llama's
+    GGUF). Returns a dict with ``prefill_tps``, ``gen_tps``, ``total_s``,
+    ``single_decode_tps``, ``single_prefill_tps``, the raw tables and, when a binary
+    failed, ``error``; None when the binaries are not built."""
+    bins = llama_cpp_bins(model)
     if bins is None:
         return None
     bench, batched, model = bins
     res = {"tables": []}
-    out = subprocess.run([batched, "-m", model, "-t", str(threads), "-c", str(max(4096, npl * (npp + ntg) + 64)),
-                          "-b", "2048", "-ub", "512", "-npp", str(npp), "-ntg", str(ntg), "-npl", str(npl)],
-                         capture_output=True, text=True, timeout=timeout)
-    rows = _table_rows(out.stdout)
+    stdout, err = _run([batched, "-m", model, "-t", str(threads), "-c", str(max(4096, npl * (npp + ntg) + 64)),
+                        "-b", "2048", "-ub", "512", "-npp", str(npp), "-ntg", str(ntg), "-npl", str(npl)],
+                       timeout)
+    rows = _table_rows(stdout)
     if len(rows) >= 2:
         head, vals = rows[0], rows[-1]
         col = {h: i for i, h in enumerate(head)}
         res["prefill_tps"] = float(vals[col["S_PP t/s"]])
         res["gen_tps"] = float(vals[col["S_TG t/s"]])
         res["total_s"] = float(vals[col["T s"]])
-        res["tables"].append(out.stdout.strip())
-    out = subprocess.run([bench, "-m", model, "-t", str(threads), "-p", str(npp), "-n", "64", "-r", "3"],
-                         capture_output=True, text=True, timeout=timeout)
-    rows = _table_rows(out.stdout)
+        res["tables"].append(stdout.strip())
+    errors = [err] if err else []
+    stdout, err = _run([bench, "-m", model, "-t", str(threads), "-p", str(npp), "-n", str(tg), "-r", "3"],
+                       timeout)
+    errors += [err] if err else []
+    rows = _table_rows(stdout)
     if len(rows) >= 2:
         col = {h: i for i, h in enumerate(rows[0])}
         for vals in rows[1:]:
@@ -139,7 +155,9 @@ def run_llama_cpp(threads, npl, npp, ntg, timeout=900):
                 res["single_prefill_tps"] = rate
             elif test.startswith("tg"):
                 res["single_decode_tps"] = rate
-        res["tables"].append(out.stdout.strip())
+        res["tables"].append(stdout.strip())
+    if errors:
+        res["error"] = "; ".join(errors)
     return res
 
 

@@ -97,11 +97,15 @@ def _llama3_factors(rope, head_dim, theta):
     return np.asarray(out, dtype=np.float32)
 
 
-def _add(writer, name, data, qtype_name):
+def _add(writer, name, data, qtype_name, encoder=None):
     import gguf
     from gguf.quants import quantize
 
-    if data.ndim == 1 or qtype_name == "F32":
+    encoded = None if encoder is None or data.ndim == 1 else encoder(name, data, qtype_name)
+    if encoded is not None:
+        raw, qtype = encoded
+        writer.add_tensor(name, raw, raw_dtype=qtype)
+    elif data.ndim == 1 or qtype_name == "F32":
         writer.add_tensor(name, np.ascontiguousarray(data, dtype=np.float32))
     elif qtype_name == "F16":
         writer.add_tensor(name, data.astype(np.float16))
@@ -179,11 +183,13 @@ def _spm_vocab(writer, model_path):
 
 def write_gguf(hf_dir, out_path, *, tensor_type: str = "F32", spm_model=None,
                pre_tokenizer: str = "gpt2", chat_template: str | None = None,
-               types: dict[str, str] | None = None) -> str:
+               types: dict[str, str] | None = None, encoder=None) -> str:
     """Convert the checkpoint in ``hf_dir`` (config.json + float32 safetensors) to a GGUF file.
 
     ``tensor_type``: the type of 2-D weights (one of :data:`WRITABLE_TYPES`; 1-D stay F32);
-    ``types``: per-HF-name overrides. Tokenizer: ``spm_model`` (a SentencePiece ``.model``
+    ``types``: per-HF-name overrides. ``encoder(gguf_name, data, type_name)``, when given, may
+    return ``(raw uint8 rows, GGMLQuantizationType)`` to write a 2-D tensor in a type this
+    writer cannot produce itself (None: the usual path). Tokenizer: ``spm_model`` (a SentencePiece ``.model``
     file) or else the checkpoint's ``tokenizer.json`` (byte-level BPE, written with
     ``pre_tokenizer`` as ``tokenizer.ggml.pre``). ``chat_template`` overrides the one from
     tokenizer_config.json. Returns ``out_path``.
@@ -235,7 +241,7 @@ def write_gguf(hf_dir, out_path, *, tensor_type: str = "F32", spm_model=None,
             data = _permute(data, kv_heads)
         if arch == "gemma3" and hf.endswith("norm.weight"):
             data = data + np.float32(1.0)
-        _add(w, name, data, (types or {}).get(hf, tensor_type))
+        _add(w, name, data, (types or {}).get(hf, tensor_type), encoder)
     _vocab(w, hf_dir, spm_model, pre_tokenizer, chat_template)
     return _finish(w, out_path)
 

@@ -8,7 +8,8 @@ builds under ``~/.cache/pagedcy-anchors``. Each fixture is a random Llama (hidde
 rows hold whole 256-value super-blocks) with the random checkpoint's byte-level BPE tokenizer,
 written as F32 GGUF by :func:`pagedcy.tools.gguf_fixture.write_gguf` and then quantized to
 ``Q4_K_M``, ``Q5_K_M`` and ``Q6_K``: the block-type mixes real files of those types hold. The
-tests need only the files, so CI builds no llama.cpp.
+tests need only the files, so CI builds no llama.cpp. :func:`write_random_q4_k_m` writes a
+larger Q4_K_M-typed file of random blocks without llama-quantize (the asv decode track).
 """
 from __future__ import annotations
 
@@ -44,6 +45,48 @@ def write_fixtures(out_dir: str, llama_quantize: str, seed: int = 7) -> list[str
                            capture_output=True, timeout=600)
             paths.append(path)
     return paths
+
+
+#: per-block ``(bytes, fp16 scale offsets)`` of the K-quants :func:`random_blocks` writes
+_BLOCKS = {"Q4_K": (144, (0, 2)), "Q6_K": (210, (208,))}
+
+
+def random_blocks(rng, qtype: str, n: int, k: int):
+    """Random ``[n, k]`` rows of ``qtype`` ("Q4_K" or "Q6_K"): random quants and sub-block
+    scales, every fp16 super-block scale 0.01 (finite, so a forward stays finite). For
+    speed runs: the values are not any weight's quantization."""
+    import numpy as np
+    nbytes, offsets = _BLOCKS[qtype]
+    if k % 256:
+        raise ValueError(f"{qtype} rows need a multiple of 256 values, got {k}")
+    raw = rng.integers(0, 256, (n, k // 256 * nbytes), dtype=np.uint8)
+    blocks = raw.reshape(-1, nbytes)
+    for off in offsets:
+        blocks[:, off:off + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    return raw
+
+
+def write_random_q4_k_m(path: str, seed: int = 0, **config) -> str:
+    """A random Llama (``config``: Hugging Face config fields, dims multiples of 256) as a
+    GGUF file with Q4_K_M's block types, without llama-quantize: random Q4_K blocks, Q6_K
+    for ``output.weight`` and layer 0's ``attn_v`` / ``ffn_down`` (as llama.cpp gives a few
+    layers more bits), norms F32, and the checkpoint's byte-level BPE tokenizer. For
+    benchmarks where no llama.cpp build exists (asv in CI). Returns ``path``."""
+    import gguf
+    import numpy as np
+    from pagedcy.models import write_random_checkpoint
+    from pagedcy.tools.gguf_fixture import write_gguf
+
+    rng = np.random.default_rng(seed)
+    more_bits = ("output.weight", "blk.0.attn_v.weight", "blk.0.ffn_down.weight")
+
+    def encode(name, data, _type):
+        qtype = "Q6_K" if name in more_bits else "Q4_K"
+        return random_blocks(rng, qtype, *data.shape), gguf.GGMLQuantizationType[qtype]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = write_random_checkpoint(os.path.join(tmp, "ckpt"), seed=seed, **config)
+        return write_gguf(ckpt, path, encoder=encode)
 
 
 def main(argv=None):

@@ -1,0 +1,273 @@
+"""The engine on the files people download: ``python -m pagedcy bench --engine --gguf FILE``
+(repeatable) and ``--bf16-vs-f32``.
+
+For each GGUF file, in a fresh interpreter (so its RSS is the file's alone): RSS after the
+load, prefill of one ``npp``-token prompt (pp512), single-sequence decode (tg64) and the total
+seconds of ``npl`` x (``npp`` prompt + ``new`` generated) through ``LLM.generate`` (continuous
+batching; llama-batched-bench's shape, 16 x (512 + 32)). Then RSS against file size + KV pool,
+the bytes a decode token reads, the read bandwidth (``_bandwidth.read_bandwidth``) and the
+decode rate as a share of what that bandwidth allows, and llama.cpp's rows on the same file
+when its binaries are built under ``~/.cache/pagedcy-anchors`` (never built here).
+
+``--bf16-vs-f32``: a random checkpoint of qwen2.5-0.5b's shape saved as bf16 safetensors,
+loaded with ``dtype="auto"`` (kept bf16) and ``dtype="float32"`` (widened): pp / tg rates
+and RSS of each.
+"""
+import json
+import os
+import time
+
+from pagedcy.tools import bench_engine as be
+
+#: qwen2.5-0.5b's shape (the bf16 row); tied embeddings as the real model
+QWEN_05B = dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                num_key_value_heads=2, intermediate_size=4864, max_position_embeddings=4096,
+                tie_word_embeddings=True)
+QWEN_TINY = dict(QWEN_05B, vocab_size=512, hidden_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, intermediate_size=128)
+
+
+def sizes(quick):
+    """``(npp, ntg, npl, new)``: prompt tokens, tg tokens, parallel sequences, generated."""
+    return (32, 8, 2, 4) if quick else (512, 64, 16, 32)
+
+
+def rss_bytes():
+    """This process's resident set size now (``VmRSS``), bytes; 0 where unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def decode_read_bytes(model):
+    """Weight bytes one decode token reads: every held weight except an untied embedding
+    table, of which a token gathers one row (a tied table is read whole as the LM head)."""
+    embed = getattr(model, "_embed", None)
+    return model.weight_bytes - (embed.nbytes if embed is not None else 0)
+
+
+def _kv_bytes_per_position(pages):
+    """K/V bytes of one token position over all layers, from the pool ``[pages, layers, 2,
+    page_size, kv_heads, row]``."""
+    return pages[0].nbytes // pages.shape[3]
+
+
+def _single(eng, npp, ntg, vocab, seed):
+    """pp ``npp`` tok/s of one prompt, then tg ``ntg`` tok/s of one sequence from a 1-token
+    prompt (llama-bench's pp / tg). Distinct seeds give distinct prompts, so the prefix
+    cache never serves a repeat."""
+    (p,) = be.workload_a_prompts(1, npp, npp, vocab, seed=seed)
+    eng.add_request(f"pp{seed}", {"prompt_token_ids": p}, be._greedy(1))
+    t0 = time.perf_counter()
+    while eng.has_unfinished_requests():
+        eng.step()
+    pp = npp / (time.perf_counter() - t0)
+    eng.add_request(f"tg{seed}", {"prompt_token_ids": [p[0]]}, be._greedy(ntg + 1))
+    eng.step()                                   # the 1-token prefill samples the first token
+    t0 = time.perf_counter()
+    while eng.has_unfinished_requests():
+        eng.step()
+    return pp, ntg / (time.perf_counter() - t0)
+
+
+def measure(model, threads=2, quick=False, dtype="auto", repeats=2, batched=True,
+            batched_tokens=2048):
+    """Load ``model`` (a GGUF file or checkpoint directory) in this process and time it; a
+    dict of RSS figures, sizes, ``pp`` / ``tg`` (best of ``repeats``) and ``batched_s``."""
+    from pagedcy.engine import LLM
+    from pagedcy.tools.engine_profile import peak_rss_bytes
+    npp, ntg, npl, new = sizes(quick)
+    before = rss_bytes()
+    pages = be._kv_pages_for([npp + new + 1] * npl + [npp + 1, ntg + 2])
+    t0 = time.perf_counter()
+    llm = LLM(model, num_threads=threads, dtype=dtype, kv_cache_pages=pages,
+              max_num_batched_tokens=batched_tokens)
+    load_s = time.perf_counter() - t0
+    after_load = rss_bytes()
+    eng = llm.llm_engine
+    m, c = eng.model, eng.model.config
+    res = {"load_s": load_s, "rss_before_load": before, "rss_after_load": after_load,
+           "pool": eng.manager.store.pages().nbytes, "weight_bytes": m.weight_bytes,
+           "decode_bytes": decode_read_bytes(m),
+           "kv_bytes_per_position": _kv_bytes_per_position(eng.manager.store.pages()),
+           "file_size": os.path.getsize(model) if os.path.isfile(model) else None,
+           "config": f"{c.architecture}, hidden {c.hidden_size}, {c.num_layers} layers, "
+                     f"{c.num_heads}/{c.num_kv_heads} heads x {c.head_dim}, intermediate "
+                     f"{c.intermediate_size}, vocab {c.vocab_size}"}
+    _single(eng, 16, 2, c.vocab_size, seed=100)          # warm-up: threads, first touches
+    runs = [_single(eng, npp, ntg, c.vocab_size, seed=200 + i) for i in range(repeats)]
+    res["pp"], res["tg"] = max(r[0] for r in runs), max(r[1] for r in runs)
+    if batched:
+        prompts = be.workload_a_prompts(npl, npp, npp, c.vocab_size, seed=300)
+        t0 = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], be._greedy(new + 1),
+                            use_tqdm=False)
+        res["batched_s"] = time.perf_counter() - t0
+        res["batched_new"] = sum(len(o.outputs[0].token_ids) for o in outs)
+    res["rss_after_runs"], res["peak_rss"] = rss_bytes(), peak_rss_bytes()
+    return res
+
+
+def _measure_child(model, timeout=7200, **spec):
+    """:func:`measure` in a fresh interpreter; its dict or ``{"error": text}``."""
+    import subprocess
+    import sys
+    spec["model"] = model
+    try:
+        out = subprocess.run([sys.executable, "-m", "pagedcy.tools.bench_gguf"], input=json.dumps(spec),
+                             capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    if out.returncode != 0:
+        return {"error": ((out.stderr.strip().splitlines() or ["failed"])[-1])[:300]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bandwidth(threads, quick):
+    """Read bandwidth in GB/s on ``threads`` threads: best of 5 passes over 2 GiB (several
+    times the last-level cache, as ``bench``'s), 64 MiB with ``quick``."""
+    from pagedcy._libs._bandwidth import read_bandwidth
+    return read_bandwidth(nbytes=(64 if quick else 2048) * 2**20, num_threads=threads, repeats=5)
+
+
+def _mib(n):
+    return f"{n / 2**20:.{0 if n >= 100 * 2**20 else 2}f} MiB"
+
+
+def _ratio(a, b, higher=True):
+    if a is None or b is None:
+        return "-"
+    return f"{(a / b if higher else b / a):.2f}x"
+
+
+def format_file(path, ours, theirs, bw, threads, quick, missing="not built"):
+    """One GGUF file's report: the rows table (ours, llama.cpp's, ratio), memory, bandwidth.
+    ``theirs``: :func:`engine_baselines.run_llama_cpp`'s dict, or None (cells say ``missing``)."""
+    npp, ntg, npl, new = sizes(quick)
+    lines = [f"\n## {path}"]
+    if "error" in ours:
+        return "\n".join(lines + [f"pagedcy failed: {ours['error']}"])
+    lines.append(f"{ours['config']}; file {_mib(ours['file_size'])}; {threads} threads; "
+                 f"load {ours['load_s']:.1f} s")
+    t = theirs or {}
+    note = missing if theirs is None else "failed"
+    rows = []
+    for label, a, b, fmt, higher in (
+            (f"prefill pp{npp} tok/s", ours["pp"], t.get("single_prefill_tps"), "{:.1f}", True),
+            (f"decode tg{ntg} tok/s", ours["tg"], t.get("single_decode_tps"), "{:.2f}", True),
+            (f"{npl} x ({npp} + {new}) total s", ours.get("batched_s"), t.get("total_s"), "{:.2f}",
+             False)):
+        rows.append((label, fmt.format(a) if a is not None else "-",
+                     fmt.format(b) if b is not None else note, _ratio(a, b, higher)))
+    lines.append(be._md(["row", "pagedcy", "llama.cpp", "pagedcy speed / llama.cpp"], rows))
+    budget = ours["file_size"] + ours["pool"]
+    lines.append(f"RSS after load {_mib(ours['rss_after_load'])}, after the runs "
+                 f"{_mib(ours['rss_after_runs'])} (peak {_mib(ours['peak_rss'])}) vs file "
+                 f"{_mib(ours['file_size'])} + KV pool {_mib(ours['pool'])} = {_mib(budget)}: "
+                 f"{ours['rss_after_load'] / budget:.2f}x after load, "
+                 f"{ours['rss_after_runs'] / budget:.2f}x after the runs (target <= 1.25x); "
+                 f"less the interpreter + numpy + pagedcy before the load "
+                 f"({_mib(ours['rss_before_load'])}): "
+                 f"{(ours['rss_after_runs'] - ours['rss_before_load']) / budget:.2f}x; weights as "
+                 f"held {_mib(ours['weight_bytes'])}")
+    kv = ours["kv_bytes_per_position"] * (ntg + 1) / 2      # mean context over tg's steps
+    per_token = ours["decode_bytes"] + kv
+    roof = bw * 1e9 / per_token
+    line = (f"a decode token reads {per_token / 1e6:.1f} MB (weights {ours['decode_bytes'] / 1e6:.1f} "
+            f"MB + K/V {kv / 1e6:.2f} MB at tg{ntg}'s mean context); read bandwidth "
+            f"{bw:.1f} GB/s on {threads} threads allows {roof:.1f} tok/s: pagedcy decode = "
+            f"{100 * ours['tg'] / roof:.0f}% of it (target >= 70%)")
+    if t.get("single_decode_tps"):
+        line += f", llama.cpp's = {100 * t['single_decode_tps'] / roof:.0f}%"
+    lines.append(line)
+    if t.get("error"):
+        lines.append(f"llama.cpp: {t['error']}")
+    for table in t.get("tables", []):
+        lines.append("llama.cpp's own table:\n" + table)
+    return "\n".join(lines)
+
+
+def bf16_checkpoint(quick):
+    """The random bf16 checkpoint of qwen2.5-0.5b's shape (tiny with ``quick``), written once."""
+    import tempfile
+    from pagedcy.models import write_random_checkpoint
+    if quick:
+        path = os.path.join(tempfile.mkdtemp(prefix="pagedcy-bench-"), "rand-qwen-tiny-bf16")
+    else:
+        path = os.path.join(os.path.expanduser("~"), ".cache", "pagedcy-bench", "rand-qwen2.5-0.5b-bf16")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        write_random_checkpoint(path, "Qwen2ForCausalLM", dtype="bfloat16", seed=0, tokenizer=False,
+                                **(QWEN_TINY if quick else QWEN_05B))
+    return path
+
+
+def format_bf16(path, auto, f32, quick):
+    """The bf16-vs-float32 table: rates and RSS of each load of the same bf16 checkpoint."""
+    npp, ntg, _, _ = sizes(quick)
+    lines = [f"\n## bf16 safetensors {path}: dtype='auto' (kept bf16) vs dtype='float32'"]
+    for name, r in (("auto", auto), ("float32", f32)):
+        if "error" in r:
+            return "\n".join(lines + [f"dtype={name} failed: {r['error']}"])
+    lines.append(auto["config"])
+    rows = [(f"prefill pp{npp} tok/s", f"{auto['pp']:.1f}", f"{f32['pp']:.1f}", _ratio(auto["pp"], f32["pp"])),
+            (f"decode tg{ntg} tok/s", f"{auto['tg']:.2f}", f"{f32['tg']:.2f}",
+             _ratio(auto["tg"], f32["tg"]) + " (target >= 1.7x)"),
+            ("weights as held", _mib(auto["weight_bytes"]), _mib(f32["weight_bytes"]),
+             f"{auto['weight_bytes'] / f32['weight_bytes']:.2f}"),
+            ("RSS after load", _mib(auto["rss_after_load"]), _mib(f32["rss_after_load"]),
+             f"{auto['rss_after_load'] / f32['rss_after_load']:.2f} (target about 0.5)"),
+            ("RSS after the runs", _mib(auto["rss_after_runs"]), _mib(f32["rss_after_runs"]),
+             f"{auto['rss_after_runs'] / f32['rss_after_runs']:.2f}")]
+    lines.append(be._md(["row", "dtype=auto (bf16)", "dtype=float32", "auto / float32"], rows))
+    return "\n".join(lines)
+
+
+def run(args):
+    """``bench --engine --gguf FILE ... [--bf16-vs-f32]`` from ``bench_engine.main``'s args."""
+    from pagedcy.tools import engine_baselines as base
+    print(be.machine_header())
+    npp, ntg, npl, new = sizes(args.quick)
+    print(f"rows: pp{npp} (one {npp}-token prompt), tg{ntg} (one sequence), {npl} x ({npp} prompt + "
+          f"{new} generated) through LLM.generate (pagedcy: {new + 1} sampled tokens, the prefill's "
+          f"first one included, as llama-batched-bench's {new} decode steps after its prefill); "
+          f"greedy, {args.threads} threads, best of 2 for pp / tg")
+    results = {"files": {}}
+    bw_start = bandwidth(args.threads, args.quick) if args.gguf else None
+    for path in args.gguf or []:
+        be._progress(f"pagedcy on {path}")
+        ours = _measure_child(os.path.abspath(path), threads=args.threads, quick=args.quick)
+        theirs = None
+        if not args.no_llama_cpp:
+            be._progress(f"llama.cpp on {path} (cached binaries only)")
+            theirs = base.run_llama_cpp(args.threads, npl, npp, new, model=path, tg=ntg)
+        results["files"][path] = {"pagedcy": ours, "llama.cpp": theirs}
+    if args.gguf:
+        # before and after the runs: a busy neighbour lowers one, the better one is the machine's
+        bw_end = bandwidth(args.threads, args.quick)
+        results["bandwidth"] = bw = max(bw_start, bw_end)
+        print(f"read bandwidth (pagedcy._libs._bandwidth.read_bandwidth, {args.threads} threads): "
+              f"{bw:.1f} GB/s, the better of {bw_start:.1f} before the files and {bw_end:.1f} after")
+        for path, r in results["files"].items():
+            print(format_file(path, r["pagedcy"], r["llama.cpp"], bw, args.threads, args.quick,
+                              "--no-llama-cpp" if args.no_llama_cpp else "not built"))
+    if args.bf16_vs_f32:
+        path = bf16_checkpoint(args.quick)
+        got = {}
+        for dt in ("auto", "float32"):
+            be._progress(f"bf16 checkpoint, dtype={dt}")
+            got[dt] = _measure_child(path, threads=args.threads, quick=args.quick, dtype=dt,
+                                     batched=False)
+        results["bf16"] = got
+        print(format_bf16(path, got["auto"], got["float32"], args.quick))
+    return results
+
+
+if __name__ == "__main__":
+    import sys
+    _spec = json.loads(sys.stdin.read())
+    print(json.dumps(measure(_spec.pop("model"), **_spec)))

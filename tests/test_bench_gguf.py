@@ -1,0 +1,118 @@
+"""``bench --engine --gguf FILE`` / ``--bf16-vs-f32``: the quick runs print tables that parse,
+llama.cpp's rows are parsed and set beside ours with the right ratios (fake binaries), and a
+crashing llama.cpp build is reported, not raised. Never asserts a speed."""
+import os
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("safetensors")
+
+from pagedcy.tools import bench_gguf, engine_baselines  # noqa: E402
+from test_bench_engine import tables  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE = os.path.join(ROOT, "tests", "data", "tiny-llama-q4_k_m.gguf")
+
+
+def _run(*args, anchors):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PAGEDCY_ANCHORS=str(anchors), OPENBLAS_L2_SIZE="262144")
+    out = subprocess.run([sys.executable, "-m", "pagedcy", "bench", "--engine", "--quick", *args],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_gguf_quick_run_without_llama_cpp(tmp_path):
+    text = _run("--gguf", FIXTURE, anchors=tmp_path)      # an empty anchors dir: nothing built
+    head = text.split("\n## ")[0]
+    assert head.startswith("CPU: ") and "SIMD " in head and "OPENBLAS_L2_SIZE" not in head
+    (t,) = tables(text)
+    assert t[0] == ["row", "pagedcy", "llama.cpp", "pagedcy speed / llama.cpp"]
+    rows = {r[0]: r for r in t[1]}
+    assert set(rows) == {"prefill pp32 tok/s", "decode tg8 tok/s", "2 x (32 + 4) total s"}
+    for r in rows.values():
+        assert float(r[1]) >= 0 and r[2] == "not built" and r[3] == "-"
+    assert float(rows["decode tg8 tok/s"][1]) > 0
+    size = os.path.getsize(FIXTURE) / 2**20
+    assert f"file {size:.2f} MiB" in text and "RSS after load " in text and "target <= 1.25x" in text
+    assert "read bandwidth " in text and "pagedcy decode = " in text and "llama.cpp's =" not in text
+
+
+def test_bf16_vs_f32_quick_run(tmp_path):
+    (t,) = tables(_run("--bf16-vs-f32", anchors=tmp_path))
+    assert t[0][1:3] == ["dtype=auto (bf16)", "dtype=float32"]
+    rows = {r[0]: r for r in t[1]}
+    assert float(rows["decode tg8 tok/s"][1]) > 0 and float(rows["decode tg8 tok/s"][2]) > 0
+    # bf16 matrices held as stored: half the bytes, but for the float32 norms
+    assert 0.5 <= float(rows["weights as held"][3]) < 0.53
+
+
+BENCH = """| model | size | params | backend | threads | test | t/s |
+| --- | ---: | ---: | --- | ---: | ---: | ---: |
+| llama ? | 1 MiB | 1 M | CPU | 2 | pp32 | 100.00 ± 1.00 |
+| llama ? | 1 MiB | 1 M | CPU | 2 | tg8 | 50.00 ± 0.50 |
+"""
+BATCHED = """|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|    32 |      4 |    2 |     72 |    0.100 |   640.00 |    0.050 |   160.00 |    0.150 |   480.00 |
+"""
+
+
+def _fake_llama_cpp(anchors, bench_rc=0):
+    """Shell scripts in the anchor layout that print ``BENCH`` / ``BATCHED`` (llama-bench
+    then exits with ``bench_rc``) and log their arguments."""
+    b = anchors / "llama_cpp_python-0.0.0" / "vendor" / "llama.cpp" / "build" / "bin"
+    b.mkdir(parents=True)
+    for name, table, rc in (("llama-bench", BENCH, bench_rc), ("llama-batched-bench", BATCHED, 0)):
+        p = b / name
+        p.write_text(f"#!/bin/sh\necho \"$@\" >> {anchors}/args.log\ncat <<'EOF'\n{table}EOF\n"
+                     f"exit {rc}\n")
+        p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return b
+
+
+def test_llama_cpp_rows_beside_ours(tmp_path, monkeypatch):
+    _fake_llama_cpp(tmp_path)
+    monkeypatch.setattr(engine_baselines, "LLAMA_CPP_CACHE", str(tmp_path))
+    res = engine_baselines.run_llama_cpp(2, 2, 32, 4, model=FIXTURE, tg=8)
+    assert "error" not in res
+    assert (res["single_prefill_tps"], res["single_decode_tps"]) == (100.0, 50.0)
+    assert (res["prefill_tps"], res["gen_tps"], res["total_s"]) == (640.0, 160.0, 0.15)
+    args = (tmp_path / "args.log").read_text()
+    assert f"-m {FIXTURE}" in args and "-p 32 -n 8" in args and "-npl 2" in args
+    ours = dict(config="x", file_size=2**20, load_s=0.1, pp=200.0, tg=25.0, batched_s=0.3,
+                rss_before_load=0, rss_after_load=2**20, rss_after_runs=2**21, peak_rss=2**21,
+                pool=2**20, weight_bytes=2**20, decode_bytes=10**6, kv_bytes_per_position=0)
+    text = bench_gguf.format_file("f.gguf", ours, res, bw=1.0, threads=2, quick=True)
+    rows = {r[0]: r for r in tables(text)[0][1]}
+    # speed ratios: pagedcy's rate / llama.cpp's; for the total, llama.cpp's seconds / ours
+    assert rows["prefill pp32 tok/s"][2:] == ["100.0", "2.00x"]
+    assert rows["decode tg8 tok/s"][2:] == ["50.00", "0.50x"]
+    assert rows["2 x (32 + 4) total s"][1:] == ["0.30", "0.15", "0.50x"]
+    # 1 GB/s over 1 MB a token: 1000 tok/s allowed; ours 25 = 2.5%, theirs 50 = 5%
+    assert "allows 1000.0 tok/s: pagedcy decode = 2% of it" in text and "llama.cpp's = 5%" in text
+    assert "0.50x after load" in text and "1.00x after the runs" in text
+
+
+def test_crashing_llama_cpp_is_reported(tmp_path, monkeypatch):
+    _fake_llama_cpp(tmp_path, bench_rc=139)
+    monkeypatch.setattr(engine_baselines, "LLAMA_CPP_CACHE", str(tmp_path))
+    res = engine_baselines.run_llama_cpp(2, 2, 32, 4, model=FIXTURE, tg=8)
+    assert res["error"] == "llama-bench exited with 139" and res["total_s"] == 0.15
+    assert engine_baselines.run_llama_cpp(2, 2, 32, 4, model=str(tmp_path / "missing.gguf")) is None
+
+
+def test_decode_read_bytes_skips_an_untied_embedding_only():
+    from pagedcy.models.loader import load_gguf
+    model, _, _ = load_gguf(FIXTURE, num_threads=1)
+    embed = model._embed
+    assert embed is not None          # the fixture's llama has its own output.weight
+    assert bench_gguf.decode_read_bytes(model) == model.weight_bytes - embed.nbytes
+    model._embed = None               # tied: the table is the LM head, read whole
+    assert bench_gguf.decode_read_bytes(model) == model.weight_bytes
+    assert np.isfinite(bench_gguf.rss_bytes())
