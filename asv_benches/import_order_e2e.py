@@ -67,8 +67,11 @@ def main(argv=None):
     from pagedcy.tools.info import cpu_description
     model = ensure_checkpoint(os.path.join(os.path.expanduser("~"), ".cache", "pagedcy-bench",
                                            "llama-55m"))
+    # pagedcy's defaults in each child: importing pagedcy here set GOMP_SPINCOUNT in this
+    # process's environment, which a child would otherwise take for the user's choice
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_WAIT_POLICY")}
+           if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_WAIT_POLICY",
+                        "GOMP_SPINCOUNT")}
     print(f"# 16 x (128..1024 + 32) on the 55M Llama, {args.threads} threads, "
           f"{cpu_description()}")
     rows = {}
