@@ -34,14 +34,8 @@ def sizes(quick):
 
 def rss_bytes():
     """This process's resident set size now (``VmRSS``), bytes; 0 where unknown."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    from pagedcy.tools.engine_profile import proc_status_bytes
+    return proc_status_bytes("VmRSS") or 0
 
 
 def decode_read_bytes(model):

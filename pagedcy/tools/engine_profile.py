@@ -98,16 +98,25 @@ def gemm_only_seconds(cfg, n_tokens, n_seqs, repeats=3):
     return best
 
 
-def peak_rss_bytes():
-    """This process's peak resident set size in bytes: ``VmHWM`` from /proc/self/status
-    (``ru_maxrss`` elsewhere; on Linux that one keeps the parent's peak across fork + exec)."""
+def proc_status_bytes(field):
+    """A kB field of /proc/self/status (``VmRSS``, ``VmHWM``, ...) in bytes; None where
+    there is no such file or field."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
+    return None
+
+
+def peak_rss_bytes():
+    """This process's peak resident set size in bytes: ``VmHWM`` from /proc/self/status
+    (``ru_maxrss`` elsewhere; on Linux that one keeps the parent's peak across fork + exec)."""
+    hwm = proc_status_bytes("VmHWM")
+    if hwm is not None:
+        return hwm
     import resource
     import sys
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

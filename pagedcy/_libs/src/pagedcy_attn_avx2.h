@@ -270,6 +270,7 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
         __m256 c30 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d), al3), c31 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d + 8), al3);
         const int64_t vsb = vs * es;
         const char *vr = (const char *)V + ((int64_t)tlo * vs + d) * es;
+/* One P·V step over a V row (also used by the multi-page P·V below; #undef there). */
 #define PA_PV_STEP(row, pp) do { \
             __m256 v0, v1; \
             if (perm) pa_ld16_bf16p((row), 0, &v0, &v1); \
@@ -284,7 +285,6 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
         const float *pp = P + (tlo >> 1) * 8;
         for (; t + 2 <= thi; t += 2, vr += 2 * vsb, pp += 8) { PA_PV_STEP(vr, pp); PA_PV_STEP(vr + vsb, pp + 1); }
         if (t < thi) PA_PV_STEP(vr, pp);
-#undef PA_PV_STEP
         _mm256_storeu_ps(O0 + d, c00); _mm256_storeu_ps(O0 + d + 8, c01);
         _mm256_storeu_ps(O1 + d, c10); _mm256_storeu_ps(O1 + d + 8, c11);
         _mm256_storeu_ps(O2 + d, c20); _mm256_storeu_ps(O2 + d + 8, c21);
@@ -573,16 +573,6 @@ PA_AVX2_INLINE void pa_pv4v_t(float *O, int D, const float *alpha, const float *
         __m256 c10 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d), al1), c11 = _mm256_mul_ps(_mm256_loadu_ps(O1 + d + 8), al1);
         __m256 c20 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d), al2), c21 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d + 8), al2);
         __m256 c30 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d), al3), c31 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d + 8), al3);
-#define PA_PVV_STEP(row, pp) do { \
-            __m256 v0, v1; \
-            if (perm) pa_ld16_bf16p((row), 0, &v0, &v1); \
-            else { v0 = pa_ld8((row), 0, dtype); v1 = pa_ld8((row), 8, dtype); } \
-            __m256 b; \
-            b = _mm256_broadcast_ss((pp)); c00 = _mm256_fmadd_ps(b, v0, c00); c01 = _mm256_fmadd_ps(b, v1, c01); \
-            b = _mm256_broadcast_ss((pp) + 2); c10 = _mm256_fmadd_ps(b, v0, c10); c11 = _mm256_fmadd_ps(b, v1, c11); \
-            b = _mm256_broadcast_ss((pp) + 4); c20 = _mm256_fmadd_ps(b, v0, c20); c21 = _mm256_fmadd_ps(b, v1, c21); \
-            b = _mm256_broadcast_ss((pp) + 6); c30 = _mm256_fmadd_ps(b, v0, c30); c31 = _mm256_fmadd_ps(b, v1, c31); \
-        } while (0)
         int j = 0;
         int64_t off = 0;
         const float *pp = P;
@@ -591,10 +581,10 @@ PA_AVX2_INLINE void pa_pv4v_t(float *O, int D, const float *alpha, const float *
             PA_VSTEP(j, off, npg, vsb);
             const char *r1 = Vd[j] + off;
             PA_VSTEP(j, off, npg, vsb);
-            PA_PVV_STEP(r0, pp);
-            PA_PVV_STEP(r1, pp + 1);
+            PA_PV_STEP(r0, pp);
+            PA_PV_STEP(r1, pp + 1);
         }
-#undef PA_PVV_STEP
+#undef PA_PV_STEP
         _mm256_storeu_ps(O0 + d, c00); _mm256_storeu_ps(O0 + d + 8, c01);
         _mm256_storeu_ps(O1 + d, c10); _mm256_storeu_ps(O1 + d + 8, c11);
         _mm256_storeu_ps(O2 + d, c20); _mm256_storeu_ps(O2 + d + 8, c21);
