@@ -70,24 +70,6 @@ def test_nbytes_and_formats():
                    "q8_0": (64 * 8 * 34, (64, 256)), "q4_0": (64 * 8 * 18, (64, 256))}
 
 
-@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "q8_0"])
-def test_chunked_fallback_equals_widening_the_whole_weight(monkeypatch, fmt):
-    """Rows widened a few at a time (a tiny scratch) give the same bits as one float32
-    matrix of the widened weight on the same GEMM."""
-    rng = np.random.default_rng(1)
-    w = rng.standard_normal((203, 96), dtype=np.float32)
-    x = rng.standard_normal((5, 96), dtype=np.float32)
-    wt = {t.format: t for t in _weights(w)}[fmt]
-    monkeypatch.setattr(L, "_native", lambda fmt: None)     # the fallback, not the kernels
-    want = np.empty((5, 203), np.float32)
-    L.DenseWeight(wt.dense()).linear(x, want, 1)
-    for scratch in (96 * 4 * 7, 96 * 4 * 64, L.SCRATCH_BYTES):   # 7 and 64 rows a chunk, all
-        monkeypatch.setattr(L, "SCRATCH_BYTES", scratch)
-        out = np.empty((5, 203), np.float32)
-        wt.linear(x, out, 2)
-        np.testing.assert_array_equal(out, want)
-
-
 def test_concat_keeps_one_format_and_stacks_mixed_ones():
     rng = np.random.default_rng(2)
     parts = [rng.standard_normal((n, 64), dtype=np.float32) for n in (16, 8, 8)]
@@ -133,9 +115,9 @@ def test_bad_inputs_raise():
         L.BlockWeight(np.zeros((4, 34), np.uint8), "q9_9", 32)
 
 
-def test_native_entry_point_is_used_when_present(monkeypatch):
+def test_native_entry_point_is_used_and_unknown_formats_are_refused(monkeypatch):
     """16-bit and block weights call ``_gemm.linear_rows`` with their stored rows and the
-    GEMM's format name; a format the GEMM does not list keeps the fallback."""
+    GEMM's format name; a format the GEMM does not list is refused when the weight is made."""
     from pagedcy._libs import _gemm
 
     calls = []
@@ -145,20 +127,21 @@ def test_native_entry_point_is_used_when_present(monkeypatch):
         out[...] = 7.0
         return out
 
-    monkeypatch.setattr(_gemm, "linear_rows", fake)
     w = np.ones((4, 32), np.float32)
+    weights = _weights(w)[1:]
+    monkeypatch.setattr(_gemm, "linear_rows", fake)
     x = np.ones((2, 32), np.float32)
-    for wt in _weights(w)[1:]:
+    for wt in weights:
         out = np.zeros((2, 4), np.float32)
         wt.linear(x, out)
         assert np.all(out == 7.0)
     assert calls == [("f16", np.uint16), ("bf16", np.uint16), ("q8_0", np.uint8),
                      ("q4_0", np.uint8)]
     monkeypatch.setattr(_gemm, "BLOCK_FORMATS", {"q4_0": 2})
-    out = np.zeros((2, 4), np.float32)
-    _weights(w)[3].linear(x, out)                     # q8_0: not listed, the fallback
-    np.testing.assert_allclose(out, 32.0, rtol=1e-3)      # x @ dequantized ones
-    assert len(calls) == 4
+    with pytest.raises(ValueError, match="no GEMM computes 'q8_0'"):
+        L.BlockWeight(quantize(w, QT.Q8_0), QT.Q8_0, 32)
+    with pytest.raises(ValueError, match="no GEMM computes 'q2_k'"):
+        L.BlockWeight(np.zeros((4, 84), np.uint8), "q2_k", 256)
 
 
 def test_native_block_and_half_weights_equal_the_widened_weight_for_every_batch():

@@ -34,7 +34,7 @@ cdef extern from "pagedcy_gemm.h" nogil:
 cdef extern from "pagedcy_quant.h" nogil:
     const pagedcy_rowfmt *pagedcy_quant_rowfmt(int ggml_type, int simd_level)
 
-# A call runs on one thread unless its weight has PARALLEL_WEIGHT_BYTES (the memory-bound
+# A call runs on one thread unless its weight has PARALLEL_WEIGHT_BYTES as float32 (the memory-bound
 # case, few rows) or it does PARALLEL_MACS multiply-adds (compute-bound, many rows): waking an
 # OpenMP worker costs about what one thread takes to stream a weight of that size. Measured
 # on the 2-core EPYC VM under pagedcy's wait policy: a 1-row forward of the benchmark model
@@ -66,7 +66,10 @@ cdef int _kernel(cnp.ndarray x, cnp.ndarray w, const pagedcy_rowfmt *fmt, cnp.nd
     blocks = (N + _ROW_ALIGN - 1) // _ROW_ALIGN
     if nt > blocks:
         nt = blocks
-    if not PAGEDCY_OPENMP or (<double>row_bytes * N < PARALLEL_WEIGHT_BYTES
+    # Weights count as float32 bytes: a block or 16-bit format is decoded as it streams, at
+    # a half to a third of float32's bytes a second, so a 0.9 MB Q5_0 matrix (640 x 2048)
+    # costs one thread what a 3.6 MB float32 one does (88 us, 45 us on two threads).
+    if not PAGEDCY_OPENMP or (4.0 * N * K < PARALLEL_WEIGHT_BYTES
                               and <double>M * N * K < PARALLEL_MACS):
         nt = 1
     if nt == 1:

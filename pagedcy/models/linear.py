@@ -12,12 +12,11 @@ All compute in float32 (``x`` float32 ``[M, K]`` -> ``out`` float32 ``[M, N]``).
 (safetensors, GGUF) build these objects; the forward pass only calls ``linear`` and
 ``take_rows``, so a new format is a new class here, not a change to the model.
 
-Where the native kernels plug in: :func:`_half_linear` (16-bit rows) and
-:func:`_block_linear` (block formats) are the only places that compute with a non-float32
-weight. Until the native kernels land, they widen a bounded chunk of rows at a time
-(:data:`SCRATCH_BYTES`) into a reused float32 buffer and run ``_gemm.linear`` on it; the
-result is bit for bit what widening the whole weight gives, since each output is one dot
-product over K whatever the other rows are.
+Every format computes on the one GEMM, ``pagedcy._libs._gemm``: float32 through ``linear``, the
+others through ``linear_rows``, which widens 16-bit rows and decodes GGUF blocks in registers
+at decode sizes and into its packed panel at prefill sizes, in one summation order for every
+M (a row's result does not depend on the batch). Each weight resolves its kernel's format
+name once, at construction: a format the GEMM does not compute is refused there.
 """
 from __future__ import annotations
 
@@ -29,13 +28,11 @@ import numpy as np
 from pagedcy._libs import _gemm
 
 __all__ = ["Weight", "DenseWeight", "HalfWeight", "BlockWeight", "StackedWeight",
-           "concat_weights", "SCRATCH_BYTES", "HALF_FORMATS"]
+           "concat_weights", "HALF_FORMATS"]
 
-#: Upper bound of the float32 scratch a 16-bit or block weight widens into per call.
-SCRATCH_BYTES = 4 << 20
 HALF_FORMATS = ("float16", "bfloat16")
 
-_tls = threading.local()     # per-thread scratch buffers: widened rows and their outputs
+_tls = threading.local()     # per-thread scratch: a StackedWeight part's output
 
 
 def _scratch(name: str, n: int) -> np.ndarray:
@@ -63,25 +60,6 @@ def _check_io(x, out, n: int, k: int) -> int:
     return x.shape[0]
 
 
-def _chunked_linear(x, n: int, k: int, widen, out, num_threads):
-    """``out = x @ W.T`` for a weight whose rows ``r0 .. r1`` ``widen(r0, r1, dst)`` writes
-    as float32 into ``dst [r1 - r0, K]``, a bounded chunk of rows at a time."""
-    m = _check_io(x, out, n, k)
-    step = max(1, SCRATCH_BYTES // (4 * k))
-    if step >= n:
-        w = _scratch("rows", n * k).reshape(n, k)
-        widen(0, n, w)
-        return _gemm.linear(x, w, out, num_threads)
-    for r0 in range(0, n, step):
-        r1 = min(n, r0 + step)
-        w = _scratch("rows", (r1 - r0) * k).reshape(r1 - r0, k)
-        widen(r0, r1, w)
-        o = _scratch("cols", m * (r1 - r0)).reshape(m, r1 - r0)
-        _gemm.linear(x, w, o, num_threads)
-        out[:, r0:r1] = o
-    return out
-
-
 def _widen_half(bits: np.ndarray, fmt: str, dst: np.ndarray) -> None:
     """Widen 16-bit patterns ``bits`` (uint16) of format ``fmt`` into float32 ``dst`` (exact)."""
     if fmt == "bfloat16":
@@ -90,53 +68,14 @@ def _widen_half(bits: np.ndarray, fmt: str, dst: np.ndarray) -> None:
         np.copyto(dst, bits.view(np.float16))
 
 
-# the GEMM's names of the storage formats (``_gemm.linear_rows``)
-_GEMM_NAMES = {"float16": "f16", "bfloat16": "bf16"}
-
-
-def _native(fmt: str):
-    """The native kernel ``fn(x, rows, fmt, out, num_threads)`` for format ``fmt``, or None:
-    ``_gemm.linear_rows``, which widens 16-bit rows and decodes GGUF blocks in registers at
-    decode sizes (through their row decoders, ``pagedcy_quant.h``, into the packed panel
-    at prefill sizes), in one summation order for every M, so a row's result does not
-    depend on the batch."""
-    fn = getattr(_gemm, "linear_rows", None)
-    name = _GEMM_NAMES.get(fmt, fmt)
-    known = set(getattr(_gemm, "FORMATS", ())) | set(getattr(_gemm, "BLOCK_FORMATS", ()))
-    if fn is None or name not in known:
-        return None
-    return lambda x, rows, _fmt, out, num_threads: fn(x, rows, name, out, num_threads)
-
-
-def _half_linear(x, bits: np.ndarray, fmt: str, out, num_threads):
-    """``out = x @ widen(bits).T`` for 16-bit weight rows ``bits`` (uint16 ``[N, K]``).
-
-    NATIVE KERNEL PLUG-IN: ``_gemm.linear_rows(x, rows, fmt, out, num_threads)`` (rows the
-    raw row bytes/bit patterns, fmt the format name) when it exists; else the chunked
-    widening fallback."""
-    native = _native(fmt)
-    if native is not None:
-        return native(x, bits, fmt, out, num_threads)
-    n, k = bits.shape
-    return _chunked_linear(x, n, k, lambda r0, r1, dst: _widen_half(bits[r0:r1], fmt, dst),
-                           out, num_threads)
-
-
-def _block_linear(x, raw: np.ndarray, qtype, k: int, out, num_threads):
-    """``out = x @ dequantize(raw).T`` for GGUF block rows ``raw`` (uint8 ``[N, row_bytes]``).
-
-    NATIVE KERNEL PLUG-IN: ``_gemm.linear_rows(x, raw, fmt, out, num_threads)`` with fmt
-    the lower-case GGML type name, once the GEMM decodes block formats through
-    ``pagedcy_rowfmt.h``; until then ``gguf.quants.dequantize`` a chunk of rows at a time."""
-    native = _native(qtype.name.lower())
-    if native is not None:
-        return native(x, raw, qtype.name.lower(), out, num_threads)
-    from gguf.quants import dequantize
-
-    def widen(r0, r1, dst):
-        dst[...] = dequantize(raw[r0:r1], qtype)
-
-    return _chunked_linear(x, raw.shape[0], k, widen, out, num_threads)
+def _gemm_format(fmt: str) -> str:
+    """The GEMM's name of storage format ``fmt`` (a 16-bit format or a GGUF block type's
+    lower-case name); ValueError for one it does not compute."""
+    name = {"float16": "f16", "bfloat16": "bf16"}.get(fmt, fmt)
+    if name not in _gemm.FORMATS and name not in _gemm.BLOCK_FORMATS:
+        known = sorted(set(HALF_FORMATS) | set(_gemm.BLOCK_FORMATS))
+        raise ValueError(f"no GEMM computes {fmt!r} weights; supported: {', '.join(known)}")
+    return name
 
 
 class Weight:
@@ -211,11 +150,11 @@ class HalfWeight(Weight):
             raise ValueError(f"a 16-bit weight needs a 2-D array of 2-byte values, got "
                              f"{data.dtype} {data.shape}")
         self.bits = np.ascontiguousarray(data).view(np.uint16)
-        self.format = fmt
+        self.format, self._kernel_fmt = fmt, _gemm_format(fmt)
         self.shape, self.nbytes = self.bits.shape, self.bits.nbytes
 
     def _linear(self, x, out, num_threads):
-        return _half_linear(x, self.bits, self.format, out, num_threads)
+        return _gemm.linear_rows(x, self.bits, self._kernel_fmt, out, num_threads)
 
     def _take(self, rows, out):
         _widen_half(np.take(self.bits, rows, axis=0), self.format, out)
@@ -250,10 +189,11 @@ class BlockWeight(Weight):
                              f"bytes; got raw shape {raw.shape}")
         self.raw, self.qtype = raw, qtype
         self.format = qtype.name.lower()
+        self._kernel_fmt = _gemm_format(self.format)
         self.shape, self.nbytes = (raw.shape[0], cols), raw.nbytes
 
     def _linear(self, x, out, num_threads):
-        return _block_linear(x, self.raw, self.qtype, self.shape[1], out, num_threads)
+        return _gemm.linear_rows(x, self.raw, self._kernel_fmt, out, num_threads)
 
     def _take(self, rows, out):
         from gguf.quants import dequantize
