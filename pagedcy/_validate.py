@@ -15,6 +15,7 @@ The compiled modules take exact ints in range on a C fast path
 (``pagedcy/_libs/_args.pxd``) and hand everything else to these functions.
 """
 import json
+import math
 import operator
 
 import numpy as np
@@ -22,6 +23,8 @@ import numpy as np
 
 def as_int(value, name):
     """``value`` as a Python int (TypeError for bools, floats and non-integers)."""
+    if type(value) is int:         # the common case first: every kernel call passes a few
+        return value
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be an integer, got bool")
     try:
@@ -166,6 +169,8 @@ def check_out(out, shape, dtype, name="out"):
 def finite_float(value, name, *, min_value=None):
     """``value`` as a finite Python float, ``>= min_value`` when given; TypeError for
     non-numbers, ValueError otherwise."""
+    if type(value) is float and math.isfinite(value) and (min_value is None or value >= min_value):
+        return value               # the common case (an eps or scale per kernel call)
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a number, got bool")
     try:

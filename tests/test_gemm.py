@@ -187,6 +187,37 @@ def test_a_row_does_not_depend_on_the_path(level, fmt):
 
 
 @pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "q8_0", "q4_k"])
+def test_rows_of_x_split_across_threads_give_the_same_bits(level, fmt):
+    """With more rows of x than of W the threads split x, not W (each packs only its rows):
+    every thread count gives the one-thread bits, on both sides of the split's minimum and
+    with ranges that end inside a micro-tile, and the float64 result."""
+    from gguf import GGMLQuantizationType as QT
+    from gguf.quants import dequantize, quantize
+
+    rng = np.random.default_rng(17)
+    for m, n, k in ((191, 40, 512), (192, 40, 512), (401, 70, 1280), (1000, 12, 256)):
+        x, w, _ = _case(rng, m, k, n)
+        if fmt in ("f32", "bf16"):
+            raw, wide = _stored(w, fmt)
+        elif fmt == "q8_0":
+            raw = quantize(w, QT.Q8_0)
+            wide = dequantize(raw, QT.Q8_0).astype(np.float32)
+        else:                    # gguf cannot quantize Q4_K: random blocks, scales set
+            raw = rng.integers(0, 256, (n, k // 256 * 144), dtype=np.uint8)
+            blocks = raw.reshape(n, k // 256, 144)
+            blocks[:, :, 0:4] = np.array([0.02, 0.01], np.float16).view(np.uint8)
+            wide = dequantize(raw, QT.Q4_K).astype(np.float32)
+        one = np.empty((m, n), np.float32)
+        _gemm._linear_rows_tuned(x, raw, fmt, one, 1, level)
+        for threads in (2, 3):
+            out = np.empty((m, n), np.float32)
+            _gemm._linear_rows_tuned(x, raw, fmt, out, threads, level)
+            assert np.array_equal(out, one), (m, n, k, threads)
+        _check(one, x, wide)
+
+
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("m", [2, 64])
 def test_special_values_propagate_on_both_paths(level, m):
     x = np.ones((m, 600), np.float32)

@@ -54,6 +54,23 @@ BLOCK_FORMATS = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_k": 
                  "q6_k": 14}
 
 
+# x splits into row ranges of whole micro-tiles (12 rows on AVX-512, 6 on AVX2), each at
+# least the packed path's row count (pagedcy_gemm.h's PG_PACK_MIN_M), when it has more rows
+# than W.
+cdef int _M_ALIGN = 12
+cdef int _SPLIT_M_MIN = 96
+
+
+cdef inline int _rows_part(int simd, int M, int m0, int m1, int N, int K, const float *xp,
+                           const void *wp, int64_t row_bytes, const pagedcy_rowfmt *fmt,
+                           float *op) noexcept nogil:
+    """Rows [m0, m1) of x @ W^T on the calling thread."""
+    if m1 <= m0:
+        return 0
+    return pagedcy_gemm_rows_fmt(simd, m1 - m0, 0, N, K, xp + <int64_t>m0 * K, K, wp, row_bytes,
+                                 fmt, op + <int64_t>m0 * N, N)
+
+
 cdef int _kernel(cnp.ndarray x, cnp.ndarray w, const pagedcy_rowfmt *fmt, cnp.ndarray out,
                  int nt, int simd) except -1:
     cdef int M = x.shape[0], K = x.shape[1], N = w.shape[0], t, blocks, rc = 0
@@ -75,6 +92,17 @@ cdef int _kernel(cnp.ndarray x, cnp.ndarray w, const pagedcy_rowfmt *fmt, cnp.nd
     if nt == 1:
         with nogil:
             rc = pagedcy_gemm_rows_fmt(simd, M, 0, N, K, xp, K, wp, row_bytes, fmt, op, N)
+    elif M > N and M >= nt * _SPLIT_M_MIN:
+        # Many rows of x and few of W (a prefill step through a 512 x 512 projection): split
+        # x, not W. Split by W, every thread packs all of x for its few W rows (2048 x 512:
+        # 1.78x on 2 threads instead of 2x). Rows are independent, so the bits are the same.
+        blocks = (M + _M_ALIGN - 1) // _M_ALIGN
+        if nt > blocks:
+            nt = blocks
+        for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
+            rc |= _rows_part(simd, M, _M_ALIGN * (blocks * t // nt),
+                             min(M, _M_ALIGN * (blocks * (t + 1) // nt)), N, K, xp, wp,
+                             row_bytes, fmt, op)
     else:
         for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
             rc |= pagedcy_gemm_rows_fmt(simd, M, _ROW_ALIGN * (blocks * t // nt),

@@ -41,6 +41,8 @@ def resolve_num_threads(num_threads=None):
     Raises TypeError for a non-integer request, ValueError for a non-positive one
     or a bad environment value.
     """
+    if type(num_threads) is int and 0 < <object>num_threads <= 1024:   # every kernel call
+        return num_threads if PAGEDCY_OPENMP else 1
     if num_threads is None:
         env = os.environ.get("PAGEDCY_NUM_THREADS", "").strip()
         if not env:
