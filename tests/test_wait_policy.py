@@ -17,6 +17,9 @@ REPORT = ("import json, os, pagedcy, pagedcy._libs as L; "
           "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), "
           "L.wait_policy(), pagedcy.tools.info.config_dict()['wait_policy']]))")
 
+SPIN = dict(_libs._OURS)["GOMP_SPINCOUNT"]           # what pagedcy sets
+SET_BY_PAGEDCY = f"OMP_WAIT_POLICY=passive GOMP_SPINCOUNT={SPIN} (set by pagedcy)"
+
 needs_openmp = pytest.mark.skipif(not _threads.openmp_enabled(), reason="serial build")
 
 
@@ -42,11 +45,11 @@ def spincount_read(stderr):
 @needs_openmp
 def test_default_sets_passive_and_the_runtime_reads_it():
     (policy, spin, text, shown), err = run(REPORT, OMP_DISPLAY_ENV="verbose")
-    assert policy == "passive" and spin == "1000"
-    assert text == shown == "OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=1000 (set by pagedcy)"
+    assert policy == "passive" and spin == SPIN
+    assert text == shown == SET_BY_PAGEDCY
     read = spincount_read(err)
     if read is not None:                  # libgomp: a short spin (its default is 300000)
-        assert read == "1000", err
+        assert read == SPIN, err
 
 
 @needs_openmp
@@ -92,8 +95,8 @@ def test_runtime_loaded_first():
     code = f"import ctypes; ctypes.CDLL({lib!r}, mode=ctypes.RTLD_GLOBAL); " + REPORT
     (policy, spin, text, _), err = run(code, OMP_DISPLAY_ENV="verbose")
     if OWN_RUNTIME:
-        assert (policy, spin) == ("passive", "1000")
-        assert text == "OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=1000 (set by pagedcy)"
+        assert (policy, spin) == ("passive", SPIN)
+        assert text == SET_BY_PAGEDCY
         return
     assert policy is None and spin is None
     assert text.startswith("runtime default: an OpenMP runtime was loaded before pagedcy (libgomp")
@@ -110,8 +113,8 @@ def test_torch_first_leaves_pagedcy_its_own_runtime_and_policy(tmp_path):
     pytest.importorskip("torch")
     (text, runtime, shown), err = run("import torch; " + DECODE + SHOW, args=[str(tmp_path)])
     assert runtime == "libpagedcy_gomp.so.1" and shown.endswith("libpagedcy_gomp.so.1")
-    assert text == "OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=1000 (set by pagedcy)"
-    assert last_spincount(err) == "1000", err
+    assert text == SET_BY_PAGEDCY
+    assert last_spincount(err) == SPIN, err
 
 
 def test_openmp_runtimes_reads_the_maps_file(tmp_path):

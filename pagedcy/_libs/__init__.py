@@ -13,13 +13,18 @@ OpenBLAS's own threads need, and each side slows the other several-fold (a Llama
 of GEMMs and attention calls ran 84 ms instead of 12.5 ms on 2 cores;
 ``asv_benches/interleave.py`` measures it). So, unless the user set ``OMP_WAIT_POLICY``,
 ``GOMP_SPINCOUNT`` or ``KMP_BLOCKTIME``, importing pagedcy sets ``OMP_WAIT_POLICY=passive``
-and, for libgomp, ``GOMP_SPINCOUNT=1000`` (some 10 us of spinning) before the first
+and, for libgomp, ``GOMP_SPINCOUNT=3000`` (tens of microseconds of spinning) before the first
 extension (and with it the OpenMP runtime) loads, and leaves them in ``os.environ``, so child
 processes get them too. The short spin is for a decode step, where every projection, attention
-and elementwise call is an OpenMP region of pagedcy's, back to back: a fully passive worker
-took ~60 us to wake on the 2-core EPYC VM. Measured there: engine decode steps 4-8% faster than
-fully passive, prefill unchanged, a NumPy step with attention between its matmuls 3.5% slower
-(10000 spins: decode 5-15% faster, but that NumPy step 30% slower). The runtime reads the variable only when it
+and elementwise call is an OpenMP region of pagedcy's, back to back with some Python between
+them: a fully passive worker took ~60 us to wake on the 2-core EPYC VM. Measured there with
+1000 spins: engine decode steps 4-8% faster than fully passive, prefill unchanged, a NumPy step
+with attention between its matmuls 3.5% slower (10000 spins: decode 5-15% faster, that NumPy
+step 30% slower). Measured on the 2-core Xeon (family 6 model 167), 1000 -> 3000 -> 10000
+spins: single-sequence decode of a Gemma 3 270M Q4_K_M file 58-61 -> 65-69 -> 70-71 tok/s
+(a 640 x 1024 projection of a decode step found its worker asleep), the 55M engine bench's
+16 requests 1.5% faster at 3000, and ``asv_benches/interleave.py``'s NumPy step 28.9 -> 29.6
+-> 31.1 ms. 3000 keeps most of the decode gain for a 2.5% cost to the mixed NumPy step. The runtime reads the variable only when it
 loads. On Linux builds with GCC, pagedcy links a copy of libgomp of its own
 (``libpagedcy_gomp.so.1``, beside the extensions, as auditwheel vendors libraries), so an
 OpenMP runtime loaded before it (``import torch`` first loads torch's ``libgomp.so.1``) does
@@ -33,7 +38,7 @@ import os
 # what the OpenMP runtimes read once, at load: a user's value of any of them wins
 _USER_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 # what pagedcy sets (LLVM's and Intel's runtimes ignore GOMP_SPINCOUNT and stay passive)
-_OURS = (("OMP_WAIT_POLICY", "passive"), ("GOMP_SPINCOUNT", "1000"))
+_OURS = (("OMP_WAIT_POLICY", "passive"), ("GOMP_SPINCOUNT", "3000"))
 _RUNTIME_NAMES = ("libgomp", "libomp", "libiomp", "libpagedcy_gomp")
 
 
