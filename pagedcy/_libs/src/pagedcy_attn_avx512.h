@@ -475,6 +475,9 @@ PA_AVX512 static void pa_qk4_i8_avx512(const int8_t *q8, const float *qs, const 
     pa_qk4_i8_avx2(q8, qs, qsum, D, K, npg, rs, v0, v1, S, pf, flags);
 }
 #define pa_qk_i8_ok_avx512 pa_qk_i8_ok_avx2
+#define pa_pv4_i8_avx512 pa_pv4_i8_avx2     /* token-major over the step's pages */
+/* float P.V here: the 256-bit integer one measured 1.0x the 512-bit float P.V */
+#define pa_pv_i8_ok_avx512(flags) ((void)(flags), 0)
 
 /* Decode entry points, same signatures as the AVX2 ones; 16-wide loads widen
  * bf16 in order, so perm is never set here. */

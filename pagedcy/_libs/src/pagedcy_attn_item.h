@@ -26,6 +26,8 @@
 
 #ifndef PA_ITEM_SHARED
 #define PA_ITEM_SHARED
+static const float pa_ones4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+
 /* ALiBi slope and position offset of the 4 query vectors of block b4. */
 static inline void pa_block_bias(const pagedcy_attn_params *P, const pagedcy_attn_item *it,
                                  const pagedcy_attn_ws *W, int gi, int b4, int M, int64_t tok0,
@@ -128,6 +130,9 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
     /* int8 K with qk_i8: the queries quantized once per item for the
      * integer q.k kernels (decode blocks; packed items score float32) */
     const int qk8 = P->qk_i8 && i8 && !packed && PA_SFX(pa_qk_i8_ok)(D);
+    /* ... and their P.V on int16-quantized weights (pa_pv4_i8), where the
+     * instruction set has a fast integer multiply-add for it */
+    const int pv8 = qk8 && PA_SFX(pa_pv_i8_ok)(flags);
     for (int i = 0; qk8 && i < ng * Mp; i++)
         PA_SFX(pa_quantize_q8)(W.q8 + (int64_t)i * D, W.qs + i, W.qsum + i, W.qp + (int64_t)i * D, D);
     memset(W.O, 0, sizeof(float) * (size_t)ng * Mp * D);
@@ -257,8 +262,17 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                     pa_block_bias(P, it, &W, gi, b4, M, tok0, delta, slope4, pos4);
                     PA_SFX(pa_softmax4)(Sb, 0, npg * T / 2, slo + b4 * 4, shi + b4 * 4, P->soft_cap, slope4,
                                         pos4, mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
-                    if (i8) pa_i8_scale_pages(Sb, Vs, npg, T, row_stride, tm);
-                    if (tm) PA_SFX(pa_pv4v)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T, ks,
+                    if (pv8 && tm)
+                        PA_SFX(pa_pv4_i8)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, row_stride,
+                                          0, npg * T, use_pf ? cV : NULL, flags);
+                    else if (pv8)
+                        for (int j = 0; j < npg; j++)
+                            PA_SFX(pa_pv4_i8)(Og + (int64_t)b4 * 4 * D, D, j ? pa_ones4 : W.alpha + b4 * 4,
+                                              Sb + (int64_t)j * T * 4, Vj + j, 1, row_stride, 0, T,
+                                              use_pf ? cV + j : NULL, flags);
+                    else if (i8) pa_i8_scale_pages(Sb, Vs, npg, T, row_stride, tm);
+                    if (pv8) ;
+                    else if (tm) PA_SFX(pa_pv4v)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T, ks,
                                             use_pf ? cV : NULL, flags, P->dtype, perm);
                     else PA_SFX(pa_pv4v_pages)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T,
                                                ks, use_pf ? cV : NULL, flags, P->dtype, perm);
@@ -406,6 +420,11 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 PA_SFX(pa_softmax4)(Sb, W.blo[b4] >> 1, (W.bhi[b4] + 1) >> 1, W.vlo + b4 * 4,
                                     W.vhi + b4 * 4, P->soft_cap, slope4, pos4,
                                     mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
+                if (pv8) {
+                    PA_SFX(pa_pv4_i8)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, &Vg, 1, row_stride,
+                                      W.blo[b4] & ~1, W.bhi[b4], pv, flags);
+                    continue;
+                }
                 if (i8) pa_i8_scale_pairs(Sb, W.blo[b4] & ~1, W.bhi[b4], Vg + D, row_stride);
                 PA_SFX(pa_pv4)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Sld,
                                Vg, ks, W.blo[b4] & ~1, W.bhi[b4], pv, flags, P->dtype, perm);

@@ -154,7 +154,21 @@ static inline void pa_i8_scale_pages(float *S, const char *const *rows, int npg,
  * factor within [e^-2E, e^2E], so the log-sum-exp moves by at most E and
  * every output element by at most (e^2E - 1) * max_t |v[t][d]|.
  * Non-finite query values: NaN quantizes to 0, +-Inf to +-127 (the scale
- * from the finite values), as pagedcy_quantize_i8_row does for K/V. */
+ * from the finite values), as pagedcy_quantize_i8_row does for K/V.
+ *
+ * Where the instruction set has an integer P.V (pa_pv_i8_ok: the scalar
+ * path, AVX2 with AVX-VNNI), P.V also runs on integers (pa_pv4_i8): per
+ * 4-row block and chunk c of at most 64 tokens, w(t) = p(t) * v_scale(t)
+ * is rounded to q(t) = nearbyint(w(t) / u_r), u_r = max_c w / 32767 (15
+ * bits, per row), and sum_t q(t) v8[t][d] is exact in int32. Rounding moves
+ * each w by at most u_r / 2 <= p_max(c) * s_v / 65534, s_v the largest V row
+ * scale of the visible tokens, so a chunk's numerator moves by at most
+ * 64 * 128 * p_max(c) * s_v / 65534 per element (|v8| <= 128); the
+ * denominator l is at least the sum of the (rescaled) p_max(c), so
+ *     |output error| <= 64 * 128 / 65534 * s_v  <  s_v / 8
+ * per element (= max|v| / 1016 for rows from pagedcy's quantizer, under the
+ * error int8 V storage already has, max|v| / 254), on top of the q
+ * rounding's (e^2E - 1) * max_t |v[t][d]| above. */
 static inline void pa_quantize_q8(int8_t *q8, float *qs, int32_t *qsum, const float *q, int D) {
     float amax = 0.0f;
     for (int d = 0; d < D; d++) {
