@@ -540,7 +540,10 @@ static inline int pa_qk_i8_ok_avx2(int D) { return D % 32 == 0; }
  * the row's (q[t], q[t+1]) broadcast, vpdpwssd (AVX-VNNI) or vpmaddwd +
  * vpaddd into int32, which cannot overflow: 32 pairs x 2 x 32767 x 128 <
  * 2^31. 2 multiply uops per 16 values of a token for 4 rows against 8 FMAs
- * and 2 conversions on the float path. */
+ * and 2 conversions on the float path. Measured (Intel Xeon, shared 2-vCPU
+ * VM, H 32 / Hkv 8 / D 128, AVX2 kernels, against the float P.V in the
+ * same run): i8q decode 1.13x with K/V in L2 (1 x 256, 1 thread), 1.11x
+ * from DRAM (32 x 2048, 2 threads); the 512-bit version 1.15x, 1.13x. */
 PA_AVX2_INLINE void pa_p16_chunk(int16_t *Q, float *ps, float *S, const char *const *rows, int np, int D,
                                  int odd) {
     __m256 vmax = _mm256_setzero_ps();

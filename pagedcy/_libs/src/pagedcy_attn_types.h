@@ -157,7 +157,7 @@ static inline void pa_i8_scale_pages(float *S, const char *const *rows, int npg,
  * from the finite values), as pagedcy_quantize_i8_row does for K/V.
  *
  * Where the instruction set has an integer P.V (pa_pv_i8_ok: the scalar
- * path, AVX2 with AVX-VNNI), P.V also runs on integers (pa_pv4_i8): per
+ * path, AVX-VNNI, AVX512-VNNI), P.V also runs on integers (pa_pv4_i8): per
  * 4-row block and chunk c of at most 64 tokens, w(t) = p(t) * v_scale(t)
  * is rounded to q(t) = nearbyint(w(t) / u_r), u_r = max_c w / 32767 (15
  * bits, per row), and sum_t q(t) v8[t][d] is exact in int32. Rounding moves
