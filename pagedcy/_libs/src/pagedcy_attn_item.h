@@ -4,12 +4,15 @@
  * Included once per instruction set by pagedcy_attention.h (no include
  * guard), so every path shares every line of the bookkeeping (visibility,
  * page walk, prefetch, finalisation) and they can only differ in
- * floating-point rounding. Expects PA_ISA (scalar, avx2, avx512: the suffix
+ * floating-point rounding (and, on the int8 q.k path, in whether P.V runs on
+ * int16 weights, within the bound of pagedcy_attn_types.h). Expects PA_ISA (scalar, avx2, avx512: the suffix
  * of the micro-kernels and of the function defined here) and PA_FN_ATTR;
  * #undefs them at the end. Each instruction set provides, with its suffix,
  * the same micro-kernels: pa_qk4 / pa_pv4 / pa_softmax4 (4-row blocks read
  * straight from the pool), pa_pack_kt / pa_pack_row / pa_qk12 / pa_pv12
  * (12-row blocks on packed float32 slices), pa_scale_copy and pa_kv_perm,
+ * for the int8 q.k path pa_quantize_q8 / pa_qk4_i8 / pa_pv4_i8 with
+ * pa_qk_i8_ok / pa_pv_i8_ok (which head dimensions and CPUs they take),
  * and for multi-page decode steps pa_qk4v / pa_pv4v with
  * pa_super_token_major(dtype) (AVX-512 reads the pages token-major, AVX2
  * only 16-bit ones; the others
@@ -270,12 +273,13 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                             PA_SFX(pa_pv4_i8)(Og + (int64_t)b4 * 4 * D, D, j ? pa_ones4 : W.alpha + b4 * 4,
                                               Sb + (int64_t)j * T * 4, Vj + j, 1, row_stride, 0, T,
                                               use_pf ? cV + j : NULL, flags);
-                    else if (i8) pa_i8_scale_pages(Sb, Vs, npg, T, row_stride, tm);
-                    if (pv8) ;
-                    else if (tm) PA_SFX(pa_pv4v)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T, ks,
-                                            use_pf ? cV : NULL, flags, P->dtype, perm);
-                    else PA_SFX(pa_pv4v_pages)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T,
-                                               ks, use_pf ? cV : NULL, flags, P->dtype, perm);
+                    else {
+                        if (i8) pa_i8_scale_pages(Sb, Vs, npg, T, row_stride, tm);
+                        if (tm) PA_SFX(pa_pv4v)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T, ks,
+                                                use_pf ? cV : NULL, flags, P->dtype, perm);
+                        else PA_SFX(pa_pv4v_pages)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg,
+                                                   T, ks, use_pf ? cV : NULL, flags, P->dtype, perm);
+                    }
                     use_pf = 0;
                 }
             }
