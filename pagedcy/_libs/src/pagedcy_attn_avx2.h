@@ -532,7 +532,11 @@ static inline int pa_qk_i8_ok_avx2(int D) { return D % 32 == 0; }
 
 /* ---- int8 P.V for the int8 q.k path (pagedcy_attn_types.h, pa_pv4_i8) ---
  * O[r] = O[r]*alpha[r] + sum_v p[r][v] V[v] for virtual tokens [v0, v1) (v0
- * even; token-major over npg pages as pa_qk4_i8, rows rs bytes apart), P
+ * even) of npg pages (rows rs bytes apart), token-major (tpp 0) or page
+ * after page (tpp tokens per page, pa_vtok_init): one call covers a
+ * multi-page step, so its 64-token chunks span pages (1.03x against a call
+ * per 16-token page, which paid the chunk's quantization and the output's
+ * loads and stores per page). P
  * the softmax weights in the pair layout (overwritten). Per chunk of up to
  * 64 tokens: p' = p * v_scale(t), quantized per row to int16 (pa_p16_chunk),
  * then int16 x int8 dot products of token pairs: V rows t, t+1 interleaved
@@ -575,11 +579,12 @@ PA_AVX2_INLINE void pa_p16_chunk(int16_t *Q, float *ps, float *S, const char *co
     int16_t Q[32 * 8] __attribute__((aligned(32)));                                                     \
     float ps[8];                                                                                        \
     const char *rows[64];                                                                               \
-    int j = v0 % npg;                                                                                   \
-    int64_t row = (int64_t)(v0 / npg) * rs;                                                              \
+    int j;                                                                                              \
+    int64_t row;                                                                                        \
+    pa_vtok_init(v0, npg, tpp, rs, &j, &row);                                                           \
     for (int c0 = v0; c0 < v1; c0 += 64) {                                                              \
         const int c1 = c0 + 64 < v1 ? c0 + 64 : v1, np = (c1 - c0 + 1) / 2, odd = (c1 - c0) & 1;         \
-        for (int t = 0; t < c1 - c0; t++) { rows[t] = V[j] + row; if (++j == npg) { j = 0; row += rs; } } \
+        for (int t = 0; t < c1 - c0; t++) { rows[t] = V[j] + row; pa_vtok_next(npg, tpp, rs, &j, &row); } \
         if (odd) rows[c1 - c0] = rows[c1 - c0 - 1];     /* a duplicate: nothing beyond is read */     \
         float *Sc = S + (int64_t)(c0 >> 1) * 8;                                                         \
         pa_p16_chunk(Q, ps, Sc, rows, np, D, odd);                                                      \
@@ -617,7 +622,7 @@ PA_AVX2_INLINE void pa_p16_chunk(int16_t *Q, float *ps, float *S, const char *co
 
 #define PA_I16_DOT_MADD(acc, w, b) _mm256_add_epi32((acc), _mm256_madd_epi16((w), (b)))
 PA_AVX2 static void pa_pv4_i8_madd_avx2(float *O, int D, const float *alpha, float *S, const char *const *V,
-                                        int npg, int64_t rs, int v0, int v1, pa_pfcur *pf, int flags) {
+                                        int npg, int64_t rs, int tpp, int v0, int v1, pa_pfcur *pf, int flags) {
     PA_PV4_I8_BODY(PA_I16_DOT_MADD);
 }
 
@@ -629,7 +634,7 @@ static inline __m256i pa_dpwssd_avx(__m256i acc, __m256i w, __m256i b) {
 }
 __attribute__((target("avx2,fma,f16c,avxvnni")))
 static void pa_pv4_i8_vnni_avx2(float *O, int D, const float *alpha, float *S, const char *const *V,
-                                int npg, int64_t rs, int v0, int v1, pa_pfcur *pf, int flags) {
+                                int npg, int64_t rs, int tpp, int v0, int v1, pa_pfcur *pf, int flags) {
     PA_PV4_I8_BODY(pa_dpwssd_avx);
 }
 #endif
@@ -640,14 +645,14 @@ static void pa_pv4_i8_vnni_avx2(float *O, int D, const float *alpha, float *S, c
 static inline int pa_pv_i8_ok_avx2(int flags) { return !(flags & PA_TUNE_NO_VNNI) && pa_cpu_has_avxvnni(); }
 
 PA_AVX2 static void pa_pv4_i8_avx2(float *O, int D, const float *alpha, float *S, const char *const *V,
-                                   int npg, int64_t rs, int v0, int v1, pa_pfcur *pf, int flags) {
+                                   int npg, int64_t rs, int tpp, int v0, int v1, pa_pfcur *pf, int flags) {
 #ifdef PAGEDCY_ATTN_HAVE_AVXVNNI
     if (!(flags & PA_TUNE_NO_VNNI) && pa_cpu_has_avxvnni()) {
-        pa_pv4_i8_vnni_avx2(O, D, alpha, S, V, npg, rs, v0, v1, pf, flags);
+        pa_pv4_i8_vnni_avx2(O, D, alpha, S, V, npg, rs, tpp, v0, v1, pf, flags);
         return;
     }
 #endif
-    pa_pv4_i8_madd_avx2(O, D, alpha, S, V, npg, rs, v0, v1, pf, flags);
+    pa_pv4_i8_madd_avx2(O, D, alpha, S, V, npg, rs, tpp, v0, v1, pf, flags);
 }
 
 /* Decode entry points: one dtype switch, then the inlined kernel for that

@@ -486,18 +486,19 @@ PA_AVX512 static void pa_qk4_i8_avx512(const int8_t *q8, const float *qs, const 
 #ifdef PAGEDCY_ATTN_HAVE_AVX512VNNI
 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx512vnni,avx2,fma,f16c")))
 static void pa_pv4_i8_vnni_avx512(float *O, int D, const float *alpha, float *S, const char *const *V,
-                                  int npg, int64_t rs, int v0, int v1, pa_pfcur *pf, int flags) {
+                                  int npg, int64_t rs, int tpp, int v0, int v1, pa_pfcur *pf, int flags) {
     const int nch = (v1 - v0 + 63) / 64, passes = nch * (D / 32);
     int per[PA_SUPER_PAGES];
     for (int i = 0; pf && i < npg; i++) per[i] = (pa_pf_lines_left(pf + i) + passes - 1) / passes;
     int16_t Q[32 * 8] __attribute__((aligned(32)));
     float ps[8];
     const char *rows[66];
-    int j = v0 % npg;
-    int64_t row = (int64_t)(v0 / npg) * rs;
+    int j;
+    int64_t row;
+    pa_vtok_init(v0, npg, tpp, rs, &j, &row);
     for (int c0 = v0; c0 < v1; c0 += 64) {
         const int c1 = c0 + 64 < v1 ? c0 + 64 : v1, np = (c1 - c0 + 1) / 2, odd = (c1 - c0) & 1;
-        for (int t = 0; t < c1 - c0; t++) { rows[t] = V[j] + row; if (++j == npg) { j = 0; row += rs; } }
+        for (int t = 0; t < c1 - c0; t++) { rows[t] = V[j] + row; pa_vtok_next(npg, tpp, rs, &j, &row); }
         if (odd) rows[c1 - c0] = rows[c1 - c0 - 1];     /* a duplicate: nothing beyond is read */
         pa_p16_chunk(Q, ps, S + (int64_t)(c0 >> 1) * 8, rows, np, D, odd);
         __m512 al[4], pr[4];
@@ -535,14 +536,14 @@ static void pa_pv4_i8_vnni_avx512(float *O, int D, const float *alpha, float *S,
 #endif
 
 PA_AVX512 static void pa_pv4_i8_avx512(float *O, int D, const float *alpha, float *S, const char *const *V,
-                                       int npg, int64_t rs, int v0, int v1, pa_pfcur *pf, int flags) {
+                                       int npg, int64_t rs, int tpp, int v0, int v1, pa_pfcur *pf, int flags) {
 #ifdef PAGEDCY_ATTN_HAVE_AVX512VNNI
     if (D % 32 == 0 && !(flags & PA_TUNE_NO_VNNI) && pa_cpu_has_avx512vnni()) {
-        pa_pv4_i8_vnni_avx512(O, D, alpha, S, V, npg, rs, v0, v1, pf, flags);
+        pa_pv4_i8_vnni_avx512(O, D, alpha, S, V, npg, rs, tpp, v0, v1, pf, flags);
         return;
     }
 #endif
-    pa_pv4_i8_avx2(O, D, alpha, S, V, npg, rs, v0, v1, pf, flags);
+    pa_pv4_i8_avx2(O, D, alpha, S, V, npg, rs, tpp, v0, v1, pf, flags);
 }
 
 #ifdef PAGEDCY_ATTN_HAVE_AVX512VNNI

@@ -29,8 +29,6 @@
 
 #ifndef PA_ITEM_SHARED
 #define PA_ITEM_SHARED
-static const float pa_ones4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-
 /* ALiBi slope and position offset of the 4 query vectors of block b4. */
 static inline void pa_block_bias(const pagedcy_attn_params *P, const pagedcy_attn_item *it,
                                  const pagedcy_attn_ws *W, int gi, int b4, int M, int64_t tok0,
@@ -265,14 +263,11 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                     pa_block_bias(P, it, &W, gi, b4, M, tok0, delta, slope4, pos4);
                     PA_SFX(pa_softmax4)(Sb, 0, npg * T / 2, slo + b4 * 4, shi + b4 * 4, P->soft_cap, slope4,
                                         pos4, mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
-                    if (pv8 && tm)
+                    /* one call for the step's pages, in the scores' order (its
+                     * 64-token chunks then span pages) */
+                    if (pv8)
                         PA_SFX(pa_pv4_i8)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, row_stride,
-                                          0, npg * T, use_pf ? cV : NULL, flags);
-                    else if (pv8)
-                        for (int j = 0; j < npg; j++)
-                            PA_SFX(pa_pv4_i8)(Og + (int64_t)b4 * 4 * D, D, j ? pa_ones4 : W.alpha + b4 * 4,
-                                              Sb + (int64_t)j * T * 4, Vj + j, 1, row_stride, 0, T,
-                                              use_pf ? cV + j : NULL, flags);
+                                          tm ? 0 : T, 0, npg * T, use_pf ? cV : NULL, flags);
                     else {
                         if (i8) pa_i8_scale_pages(Sb, Vs, npg, T, row_stride, tm);
                         if (tm) PA_SFX(pa_pv4v)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T, ks,
@@ -425,7 +420,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                                     W.vhi + b4 * 4, P->soft_cap, slope4, pos4,
                                     mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
                 if (pv8) {
-                    PA_SFX(pa_pv4_i8)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, &Vg, 1, row_stride,
+                    PA_SFX(pa_pv4_i8)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, &Vg, 1, row_stride, 0,
                                       W.blo[b4] & ~1, W.bhi[b4], pv, flags);
                     continue;
                 }

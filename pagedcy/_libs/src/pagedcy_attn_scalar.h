@@ -65,7 +65,7 @@ static inline int pa_qk_i8_ok_scalar(int D) { (void)D; return 1; }
  * O[r] = O[r] * alpha[r] (first chunk) + (max p' / 32767) * sum. */
 static inline int pa_pv_i8_ok_scalar(int flags) { (void)flags; return 1; }
 static void pa_pv4_i8_scalar(float *O, int D, const float *alpha, float *S, const char *const *V,
-                             int npg, int64_t rs, int v0, int v1, pa_pfcur *pf, int flags) {
+                             int npg, int64_t rs, int tpp, int v0, int v1, pa_pfcur *pf, int flags) {
     (void)pf; (void)flags;
     int16_t Q[64 * 4];
     for (int c0 = v0; c0 < v1; c0 += 64) {
@@ -73,7 +73,10 @@ static void pa_pv4_i8_scalar(float *O, int D, const float *alpha, float *S, cons
         for (int r = 0; r < 4; r++) {
             float mx = 0.0f;
             for (int v = c0; v < c1; v++) {
-                const char *row = V[v % npg] + (int64_t)(v / npg) * rs;
+                int j;
+                int64_t off;
+                pa_vtok_init(v, npg, tpp, rs, &j, &off);
+                const char *row = V[j] + off;
                 float *p = S + pa_pair_idx(r, v);
                 *p *= pagedcy_i8_scale(row, (size_t)D);
                 mx = *p > mx ? *p : mx;
@@ -85,7 +88,10 @@ static void pa_pv4_i8_scalar(float *O, int D, const float *alpha, float *S, cons
             for (int d = 0; d < D; d++) {
                 int32_t acc = 0;
                 for (int v = c0; v < c1; v++) {
-                    const int8_t *row = (const int8_t *)(V[v % npg] + (int64_t)(v / npg) * rs);
+                    int j;
+                    int64_t off;
+                    pa_vtok_init(v, npg, tpp, rs, &j, &off);
+                    const int8_t *row = (const int8_t *)(V[j] + off);
                     acc += (int32_t)Q[(v - c0) * 4 + r] * row[d];
                 }
                 o[d] = fmaf(ps, (float)acc, o[d] * a);

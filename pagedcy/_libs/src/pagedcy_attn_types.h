@@ -139,6 +139,19 @@ static inline void pa_i8_scale_pages(float *S, const char *const *rows, int npg,
     }
 }
 
+/* Virtual token v of a multi-page step over npg pages (rows rs bytes apart)
+ * -> (page j, byte offset row): token-major for tpp 0 (row v / npg of page
+ * v % npg) or, tpp > 0, page after page (row v % tpp of page v / tpp).
+ * Kernels step it a token at a time (pa_vtok_next) instead of dividing. */
+static inline void pa_vtok_init(int v, int npg, int tpp, int64_t rs, int *j, int64_t *row) {
+    if (tpp) { *j = v / tpp; *row = (int64_t)(v % tpp) * rs; }
+    else { *j = v % npg; *row = (int64_t)(v / npg) * rs; }
+}
+static inline void pa_vtok_next(int npg, int tpp, int64_t rs, int *j, int64_t *row) {
+    if (tpp) { *row += rs; if (*row == (int64_t)tpp * rs) { *row = 0; ++*j; } }
+    else if (++*j == npg) { *j = 0; *row += rs; }
+}
+
 /* ---- int8 q.k --------------------------------------------------------------
  * With int8 K (and pagedcy_attn_params.qk_i8) the decode kernels score with
  * integer dot products: each pre-scaled query vector q (D floats, already
