@@ -312,7 +312,8 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
 /* ---- int8 q.k: integer dot products (pagedcy_attn_types.h) ---------------
  * Scores of 4 quantized query vectors against virtual tokens [v0, v1) (v0
  * even) of npg pages in token-major order (token v: row v / npg of page
- * v % npg, rows rs bytes apart; npg 1 is one page), 2 tokens x 4 rows per
+ * v % npg, rows rs bytes apart; npg 1 is one page) or, tpp > 0, page after
+ * page (pa_vtok_init), 6 (AVX-VNNI) or 2 tokens x 4 rows per
  * step, in the pair layout, times the queries' and the K rows' scales (the
  * float32 after each row's D values). D % 32 == 0. Two ways to multiply int8 by
  * int8 on 256-bit vectors:
@@ -383,15 +384,16 @@ PA_AVX2_INLINE __m256i pa_hsum8_epi32(__m256i a, __m256i b, __m256i c, __m256i d
                                                   128 * qsum[3], 128 * qsum[3])                         \
                               : _mm256_setzero_si256();                                                 \
     const int8_t *q0 = q8, *q1 = q8 + D, *q2 = q8 + 2 * D, *q3 = q8 + 3 * D;                            \
-    int j = v0 % npg;                        /* page and row of token v, stepped, not divided */        \
-    int64_t row = (int64_t)(v0 / npg) * rs;                                                              \
+    int j;                                   /* page and row of token v, stepped, not divided */        \
+    int64_t row;                                                                                        \
+    pa_vtok_init(v0, npg, tpp, rs, &j, &row);                                                           \
     int v = v0;                                                                                         \
     /* six tokens = pairs (v, v+1), (v+2, v+3), (v+4, v+5) from two 3-token                             \
      * passes, (v, v+1 | v+2) and (v+4, v+5 | v+3), as pa_qk4_t does */                                 \
     for (; SIX && v + 6 <= v1; v += 6) {                                                                \
         for (int i = 0; pf && i < npg; i++) pa_pf_step(pf + i, 3 * per[i], flags);                      \
         const char *r[6];                                                                               \
-        for (int i = 0; i < 6; i++) { r[i] = K[j] + row; if (++j == npg) { j = 0; row += rs; } }         \
+        for (int i = 0; i < 6; i++) { r[i] = K[j] + row; pa_vtok_next(npg, tpp, rs, &j, &row); }        \
         __m256i p0, p2;                                                                                 \
         __m128i s2, s3;                                                                                 \
         PA_QK3_I8(KPREP, DOT, r[0], r[1], r[2], p0, s2);                                                \
@@ -411,9 +413,9 @@ PA_AVX2_INLINE __m256i pa_hsum8_epi32(__m256i a, __m256i b, __m256i c, __m256i d
     for (; v < v1; v += 2) {                                                                            \
         for (int i = 0; pf && i < npg; i++) pa_pf_step(pf + i, per[i], flags);                          \
         const char *k0 = K[j] + row;                                                                    \
-        if (++j == npg) { j = 0; row += rs; }                                                           \
+        pa_vtok_next(npg, tpp, rs, &j, &row);                                                           \
         const char *k1 = k0;                 /* past v1: a duplicate, nothing beyond is read */         \
-        if (v + 1 < v1) { k1 = K[j] + row; if (++j == npg) { j = 0; row += rs; } }                       \
+        if (v + 1 < v1) { k1 = K[j] + row; pa_vtok_next(npg, tpp, rs, &j, &row); }                       \
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0; \
         for (int64_t d = 0; d < D; d += 32) {                                                           \
             const __m256i x0 = _mm256_loadu_si256((const __m256i *)(k0 + d));                           \
@@ -441,7 +443,7 @@ PA_AVX2_INLINE __m256i pa_hsum8_epi32(__m256i a, __m256i b, __m256i c, __m256i d
     _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((ka), _mm256_sign_epi8((q), (k))), \
                                               _mm256_set1_epi16(1)))
 PA_AVX2 static void pa_qk4_i8_sgn_avx2(const int8_t *q8, const float *qs, const int32_t *qsum, int D,
-                                       const char *const *K, int npg, int64_t rs, int v0, int v1, float *S,
+                                       const char *const *K, int npg, int64_t rs, int tpp, int v0, int v1, float *S,
                                        pa_pfcur *pf, int flags) {
     PA_QK4_I8_BODY(PA_I8_ABS, PA_I8_DOT_SGN, 0, 0);
 }
@@ -459,7 +461,7 @@ static inline __m256i pa_dpbusd_avx(__m256i acc, __m256i u, __m256i s) {
 #define PA_I8_DOT_VNNI(acc, ku, k, q) pa_dpbusd_avx((acc), (ku), (q))
 __attribute__((target("avx2,fma,f16c,avxvnni")))
 static void pa_qk4_i8_vnni_avx2(const int8_t *q8, const float *qs, const int32_t *qsum, int D,
-                                const char *const *K, int npg, int64_t rs, int v0, int v1, float *S,
+                                const char *const *K, int npg, int64_t rs, int tpp, int v0, int v1, float *S,
                                 pa_pfcur *pf, int flags) {
     PA_QK4_I8_BODY(PA_I8_XOR80, PA_I8_DOT_VNNI, 1, !(flags & PA_TUNE_NO_QK3));
 }
@@ -479,15 +481,15 @@ static inline int pa_cpu_has_avxvnni(void) { return 0; }
 /* The AVX2-level int8 q.k: AVX-VNNI where the CPU has it (and
  * PA_TUNE_NO_VNNI is clear), else vpmaddubsw. */
 PA_AVX2 static void pa_qk4_i8_avx2(const int8_t *q8, const float *qs, const int32_t *qsum, int D,
-                                   const char *const *K, int npg, int64_t rs, int v0, int v1, float *S,
+                                   const char *const *K, int npg, int64_t rs, int tpp, int v0, int v1, float *S,
                                    pa_pfcur *pf, int flags) {
 #ifdef PAGEDCY_ATTN_HAVE_AVXVNNI
     if (!(flags & PA_TUNE_NO_VNNI) && pa_cpu_has_avxvnni()) {
-        pa_qk4_i8_vnni_avx2(q8, qs, qsum, D, K, npg, rs, v0, v1, S, pf, flags);
+        pa_qk4_i8_vnni_avx2(q8, qs, qsum, D, K, npg, rs, tpp, v0, v1, S, pf, flags);
         return;
     }
 #endif
-    pa_qk4_i8_sgn_avx2(q8, qs, qsum, D, K, npg, rs, v0, v1, S, pf, flags);
+    pa_qk4_i8_sgn_avx2(q8, qs, qsum, D, K, npg, rs, tpp, v0, v1, S, pf, flags);
 }
 
 /* pa_quantize_q8 (pagedcy_attn_types.h, same results) 32 values at a time,

@@ -410,7 +410,7 @@ PA_AVX512 static void pa_pv12_avx512(float *O, int D, const float *alpha, const 
 #define PAGEDCY_ATTN_HAVE_AVX512VNNI 1
 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx512vnni,avx2,fma,f16c")))
 static void pa_qk4_i8_vnni_avx512(const int8_t *q8, const float *qs, const int32_t *qsum, int D,
-                                  const char *const *K, int npg, int64_t rs, int v0, int v1, float *S,
+                                  const char *const *K, int npg, int64_t rs, int tpp, int v0, int v1, float *S,
                                   pa_pfcur *pf, int flags) {
     const int nb = (v1 - v0) / 4;
     int per[PA_SUPER_PAGES];
@@ -419,15 +419,16 @@ static void pa_qk4_i8_vnni_avx512(const int8_t *q8, const float *qs, const int32
     for (int p = 0; p < 16; p++) { cs[p] = 128.0f * qsum[(p & 7) >> 1]; ss[p] = qs[(p & 7) >> 1]; }
     const __m512 corr = _mm512_loadu_ps(cs), sc = _mm512_loadu_ps(ss);
     const __m512i x80 = _mm512_set1_epi8((char)0x80);
-    int j = v0 % npg;
-    int64_t row = (int64_t)(v0 / npg) * rs;
+    int j;
+    int64_t row;
+    pa_vtok_init(v0, npg, tpp, rs, &j, &row);
     int v = v0;
     for (; v + 4 <= v1; v += 4) {
         for (int i = 0; pf && i < npg; i++) pa_pf_step(pf + i, per[i], flags);
         const char *kr[4];
         for (int t = 0; t < 4; t++) {
             kr[t] = K[j] + row;
-            if (++j == npg) { j = 0; row += rs; }
+            pa_vtok_next(npg, tpp, rs, &j, &row);
         }
         __m512i a[16];
         for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_si512();
@@ -449,7 +450,7 @@ static void pa_qk4_i8_vnni_avx512(const int8_t *q8, const float *qs, const int32
         _mm512_storeu_ps(S + (v >> 1) * 8, _mm512_mul_ps(_mm512_sub_ps(pa_hsum16x16(w), corr),
                                                           _mm512_mul_ps(sc, _mm512_loadu_ps(kss))));
     }
-    if (v < v1) pa_qk4_i8_avx2(q8, qs, qsum, D, K, npg, rs, v, v1, S, pf, flags);
+    if (v < v1) pa_qk4_i8_avx2(q8, qs, qsum, D, K, npg, rs, tpp, v, v1, S, pf, flags);
     else for (int i = 0; pf && i < npg; i++) pa_pf_step(pf + i, pa_pf_lines_left(pf + i), flags);
 }
 
@@ -464,15 +465,15 @@ static inline int pa_cpu_has_avx512vnni(void) {
 #endif
 
 PA_AVX512 static void pa_qk4_i8_avx512(const int8_t *q8, const float *qs, const int32_t *qsum, int D,
-                                       const char *const *K, int npg, int64_t rs, int v0, int v1, float *S,
+                                       const char *const *K, int npg, int64_t rs, int tpp, int v0, int v1, float *S,
                                        pa_pfcur *pf, int flags) {
 #ifdef PAGEDCY_ATTN_HAVE_AVX512VNNI
     if (D % 64 == 0 && !(flags & PA_TUNE_NO_VNNI) && pa_cpu_has_avx512vnni()) {
-        pa_qk4_i8_vnni_avx512(q8, qs, qsum, D, K, npg, rs, v0, v1, S, pf, flags);
+        pa_qk4_i8_vnni_avx512(q8, qs, qsum, D, K, npg, rs, tpp, v0, v1, S, pf, flags);
         return;
     }
 #endif
-    pa_qk4_i8_avx2(q8, qs, qsum, D, K, npg, rs, v0, v1, S, pf, flags);
+    pa_qk4_i8_avx2(q8, qs, qsum, D, K, npg, rs, tpp, v0, v1, S, pf, flags);
 }
 #define pa_qk_i8_ok_avx512 pa_qk_i8_ok_avx2
 

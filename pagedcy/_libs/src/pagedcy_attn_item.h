@@ -247,13 +247,9 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                     if (b4 * 4 >= M) continue;
                     float *Sb = W.S + (int64_t)b4 * 4 * SldS;
                     const int64_t qo = (int64_t)gi * Mp + b4 * 4;    /* int8 q.k: the block's queries */
-                    if (qk8 && tm)
-                        PA_SFX(pa_qk4_i8)(W.q8 + qo * D, W.qs + qo, W.qsum + qo, D, Kj, npg, row_stride, 0,
-                                          npg * T, Sb, use_pf ? cK : NULL, flags);
-                    else if (qk8)
-                        for (int j = 0; j < npg; j++)
-                            PA_SFX(pa_qk4_i8)(W.q8 + qo * D, W.qs + qo, W.qsum + qo, D, Kj + j, 1, row_stride, 0,
-                                              T, Sb + (int64_t)j * T * 4, use_pf ? cK + j : NULL, flags);
+                    if (qk8)    /* one call for the step's pages, token-major or page after page */
+                        PA_SFX(pa_qk4_i8)(W.q8 + qo * D, W.qs + qo, W.qsum + qo, D, Kj, npg, row_stride,
+                                          tm ? 0 : T, 0, npg * T, Sb, use_pf ? cK : NULL, flags);
                     else if (tm) PA_SFX(pa_qk4v)(qg + (int64_t)b4 * 4 * D, D, Kj, npg, T, ks, Sb, use_pf ? cK : NULL,
                                                  flags, P->dtype, perm);
                     else PA_SFX(pa_qk4v_pages)(qg + (int64_t)b4 * 4 * D, D, Kj, npg, T, ks, Sb,
@@ -408,7 +404,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 float *Sb = W.S + (int64_t)b4 * 4 * SldS;
                 if (qk8) {
                     const int64_t qo = (int64_t)gi * Mp + b4 * 4;
-                    PA_SFX(pa_qk4_i8)(W.q8 + qo * D, W.qs + qo, W.qsum + qo, D, &Kg, 1, row_stride,
+                    PA_SFX(pa_qk4_i8)(W.q8 + qo * D, W.qs + qo, W.qsum + qo, D, &Kg, 1, row_stride, 0,
                                       W.blo[b4] & ~1, W.bhi[b4], Sb, pk, flags);
                 } else
                     PA_SFX(pa_qk4)(qg + (int64_t)b4 * 4 * D, D, Kg, ks, W.blo[b4] & ~1, W.bhi[b4],

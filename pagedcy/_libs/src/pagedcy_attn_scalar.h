@@ -42,13 +42,17 @@ static void pa_qk4_scalar(const float *q, int D, const void *K, int64_t ks, int 
 /* int8 q.k (pagedcy_attn_types.h): scores of 4 quantized query vectors (q8
  * rows of D, scales qs) against virtual tokens [v0, v1) of npg pages in
  * token-major order (token v is row v / npg of page v % npg, rows rs bytes
- * apart; npg 1: one page), in the pair layout, times the q and K scales. */
+ * apart; npg 1: one page) or, tpp > 0, page after page (pa_vtok_init), in
+ * the pair layout, times the q and K scales. */
 static void pa_qk4_i8_scalar(const int8_t *q8, const float *qs, const int32_t *qsum, int D,
-                             const char *const *K, int npg, int64_t rs, int v0, int v1, float *S,
+                             const char *const *K, int npg, int64_t rs, int tpp, int v0, int v1, float *S,
                              pa_pfcur *pf, int flags) {
     (void)qsum; (void)pf; (void)flags;
     for (int v = v0; v < v1; v++) {
-        const int8_t *k = (const int8_t *)(K[v % npg] + (int64_t)(v / npg) * rs);
+        int j;
+        int64_t row;
+        pa_vtok_init(v, npg, tpp, rs, &j, &row);
+        const int8_t *k = (const int8_t *)(K[j] + row);
         for (int r = 0; r < 4; r++) {
             int32_t acc = 0;
             for (int d = 0; d < D; d++) acc += (int32_t)q8[(int64_t)r * D + d] * k[d];
