@@ -172,10 +172,20 @@ QK8_PATHS = {
 }
 
 
+# The integer P.V's share of the documented bound: 64 * 128 / 65534 times the largest V row
+# scale (max|v[t]| / 127 for quantizer-made rows), per output element.
+PV8_FACTOR = 64 * 128 / 65534 / 127
+
+
+def _pv8_bound(V):
+    """Output bound of the integer P.V (pagedcy_attn_types.h) for one sequence's V [T, D]."""
+    return PV8_FACTOR * np.abs(V).max()
+
+
 def _qk8_bound(q, indptr, Ks, Vs, scale):
     """Per (query row, head): E, the documented bound on a score's error (max over the
     sequence's keys of max|q*scale| / 254 * sum_d |k[t][d]|), and the output bound
-    (exp(2E) - 1) * max_t |v[t][d]| per element."""
+    (exp(2E) - 1) * max_t |v[t][d]| per element, plus the integer P.V's."""
     total_q, H, D = q.shape
     E = np.zeros((total_q, H))
     out_b = np.zeros((total_q, H, D))
@@ -187,7 +197,8 @@ def _qk8_bound(q, indptr, Ks, Vs, scale):
             qs = np.abs(q[indptr[b]:indptr[b + 1], h].astype(np.float32) * np.float32(scale)).max(axis=1)
             e = qs.astype(np.float64) / 254 * np.abs(K[:, g]).sum(axis=1).max()
             E[indptr[b]:indptr[b + 1], h] = e
-            out_b[indptr[b]:indptr[b + 1], h] = np.expm1(2 * e)[:, None] * np.abs(V[:, g]).max(axis=0)
+            out_b[indptr[b]:indptr[b + 1], h] = (np.expm1(2 * e)[:, None] * np.abs(V[:, g]).max(axis=0)
+                                                 + _pv8_bound(V[:, g]))
     return E, out_b
 
 
@@ -223,10 +234,41 @@ def test_quantized_query_within_the_documented_bound(path, seed):
     assert not np.array_equal(got, plain)
 
 
+@pytest.mark.parametrize("path", sorted(QK8_PATHS))
+@pytest.mark.parametrize("seed", range(3))
+def test_integer_pv_chunks_within_the_bound(path, seed):
+    # Large pages: a step's P.V spans several 64-token chunks (each its own int16 scale),
+    # odd visible ranges end on half a token pair, and rows of 0 weight (padding) stay 0.
+    level, flags, needs = QK8_PATHS[path]
+    if level > simd_level():
+        pytest.skip(f"{path}: the CPU's SIMD level is {simd_level()}")
+    if needs and needs not in _vnni_paths():
+        pytest.skip(f"{path}: this CPU (or build) has no {needs}")
+    rng = np.random.default_rng(100 + seed)
+    D = (64, 128, 32)[seed]
+    q_lens = [1, 2, 1]
+    kv_lens = [int(x) for x in rng.integers(60, 400, 3)]
+    q, ind, pages, bt, lens, Ks, Vs = make_batch(
+        rng, q_lens=q_lens, kv_lens=kv_lens, num_heads=6, num_kv_heads=2, head_dim=D,
+        page_size=int(rng.choice([64, 128])), dtype="int8")
+    ref, _ = reference(q, ind, Ks, Vs)
+    got = tuned_attention(q, ind, pages, 1, bt, lens, max_simd=level, flags=flags,
+                          quantize_query=True, num_threads=2)
+    _, out_b = _qk8_bound(q, ind, Ks, Vs, 1 / np.sqrt(D))
+    assert np.all(np.abs(got - ref) <= out_b * (1 + 1e-3) + 2e-5)
+    # against the scalar kernel: both within the P.V bound of each other (weights that
+    # differ in float rounding may round to neighbouring int16 steps)
+    base = tuned_attention(q, ind, pages, 1, bt, lens, max_simd=0, quantize_query=True)
+    pv_b = np.concatenate([np.broadcast_to(_pv8_bound(Vs[b]), (ql, 6, D)) for b, ql in enumerate(q_lens)])
+    assert np.all(np.abs(got - base) <= 2 * pv_b + 2e-5)
+
+
 @pytest.mark.parametrize("level", LEVELS)
 def test_quantized_query_agrees_across_kernels_and_leaves_float_pages_alone(level):
-    # Every kernel rounds q the same way, so they agree to float32 rounding; on float pages
-    # (and prefill blocks of 32+ query vectors per KV head) the option changes nothing.
+    # Every kernel rounds q the same way, so they agree to float32 rounding plus twice the
+    # integer P.V's bound (its int16 weights may round apart, and some paths keep a float
+    # P.V); on float pages (and prefill blocks of 32+ query vectors per KV head) the option
+    # changes nothing.
     rng = np.random.default_rng(7 + level)
     q, ind, pages, bt, lens, Ks, Vs = make_batch(
         rng, q_lens=[1, 2, 40], kv_lens=[300, 77, 90], num_heads=8, num_kv_heads=2, head_dim=128,
@@ -235,7 +277,9 @@ def test_quantized_query_agrees_across_kernels_and_leaves_float_pages_alone(leve
     for flags in (0, "no_vnni"):
         got = tuned_attention(q, ind, pages, 1, bt, lens, max_simd=level, flags=flags,
                               quantize_query=True, num_threads=2)
-        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=2e-6)
+        pv_b = np.concatenate([np.broadcast_to(_pv8_bound(Vs[b]), (ql, 8, 128))
+                               for b, ql in enumerate([1, 2, 40])])
+        assert np.all(np.abs(got - ref) <= 2 * pv_b + 1e-5 * np.abs(ref) + 2e-6)
     # the 40-row prefill sequence runs packed (float32 scores) either way
     plain = tuned_attention(q, ind, pages, 1, bt, lens, max_simd=level)
     np.testing.assert_allclose(ref[3:], plain[3:], rtol=1e-5, atol=2e-6)

@@ -4,12 +4,15 @@
  * Included once per instruction set by pagedcy_attention.h (no include
  * guard), so every path shares every line of the bookkeeping (visibility,
  * page walk, prefetch, finalisation) and they can only differ in
- * floating-point rounding. Expects PA_ISA (scalar, avx2, avx512: the suffix
+ * floating-point rounding (and, on the int8 q.k path, in whether P.V runs on
+ * int16 weights, within the bound of pagedcy_attn_types.h). Expects PA_ISA (scalar, avx2, avx512: the suffix
  * of the micro-kernels and of the function defined here) and PA_FN_ATTR;
  * #undefs them at the end. Each instruction set provides, with its suffix,
  * the same micro-kernels: pa_qk4 / pa_pv4 / pa_softmax4 (4-row blocks read
  * straight from the pool), pa_pack_kt / pa_pack_row / pa_qk12 / pa_pv12
  * (12-row blocks on packed float32 slices), pa_scale_copy and pa_kv_perm,
+ * for the int8 q.k path pa_quantize_q8 / pa_qk4_i8 / pa_pv4_i8 with
+ * pa_qk_i8_ok / pa_pv_i8_ok (which head dimensions and CPUs they take),
  * and for multi-page decode steps pa_qk4v / pa_pv4v with
  * pa_super_token_major(dtype) (AVX-512 reads the pages token-major, AVX2
  * only 16-bit ones; the others
@@ -128,6 +131,9 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
     /* int8 K with qk_i8: the queries quantized once per item for the
      * integer q.k kernels (decode blocks; packed items score float32) */
     const int qk8 = P->qk_i8 && i8 && !packed && PA_SFX(pa_qk_i8_ok)(D);
+    /* ... and their P.V on int16-quantized weights (pa_pv4_i8), where the
+     * instruction set has a fast integer multiply-add for it */
+    const int pv8 = qk8 && PA_SFX(pa_pv_i8_ok)(flags);
     for (int i = 0; qk8 && i < ng * Mp; i++)
         PA_SFX(pa_quantize_q8)(W.q8 + (int64_t)i * D, W.qs + i, W.qsum + i, W.qp + (int64_t)i * D, D);
     memset(W.O, 0, sizeof(float) * (size_t)ng * Mp * D);
@@ -241,13 +247,9 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                     if (b4 * 4 >= M) continue;
                     float *Sb = W.S + (int64_t)b4 * 4 * SldS;
                     const int64_t qo = (int64_t)gi * Mp + b4 * 4;    /* int8 q.k: the block's queries */
-                    if (qk8 && tm)
-                        PA_SFX(pa_qk4_i8)(W.q8 + qo * D, W.qs + qo, W.qsum + qo, D, Kj, npg, row_stride, 0,
-                                          npg * T, Sb, use_pf ? cK : NULL, flags);
-                    else if (qk8)
-                        for (int j = 0; j < npg; j++)
-                            PA_SFX(pa_qk4_i8)(W.q8 + qo * D, W.qs + qo, W.qsum + qo, D, Kj + j, 1, row_stride, 0,
-                                              T, Sb + (int64_t)j * T * 4, use_pf ? cK + j : NULL, flags);
+                    if (qk8)    /* one call for the step's pages, token-major or page after page */
+                        PA_SFX(pa_qk4_i8)(W.q8 + qo * D, W.qs + qo, W.qsum + qo, D, Kj, npg, row_stride,
+                                          tm ? 0 : T, 0, npg * T, Sb, use_pf ? cK : NULL, flags);
                     else if (tm) PA_SFX(pa_qk4v)(qg + (int64_t)b4 * 4 * D, D, Kj, npg, T, ks, Sb, use_pf ? cK : NULL,
                                                  flags, P->dtype, perm);
                     else PA_SFX(pa_qk4v_pages)(qg + (int64_t)b4 * 4 * D, D, Kj, npg, T, ks, Sb,
@@ -257,11 +259,18 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                     pa_block_bias(P, it, &W, gi, b4, M, tok0, delta, slope4, pos4);
                     PA_SFX(pa_softmax4)(Sb, 0, npg * T / 2, slo + b4 * 4, shi + b4 * 4, P->soft_cap, slope4,
                                         pos4, mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
-                    if (i8) pa_i8_scale_pages(Sb, Vs, npg, T, row_stride, tm);
-                    if (tm) PA_SFX(pa_pv4v)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T, ks,
-                                            use_pf ? cV : NULL, flags, P->dtype, perm);
-                    else PA_SFX(pa_pv4v_pages)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T,
-                                               ks, use_pf ? cV : NULL, flags, P->dtype, perm);
+                    /* one call for the step's pages, in the scores' order (its
+                     * 64-token chunks then span pages) */
+                    if (pv8)
+                        PA_SFX(pa_pv4_i8)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, row_stride,
+                                          tm ? 0 : T, 0, npg * T, use_pf ? cV : NULL, flags);
+                    else {
+                        if (i8) pa_i8_scale_pages(Sb, Vs, npg, T, row_stride, tm);
+                        if (tm) PA_SFX(pa_pv4v)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg, T, ks,
+                                                use_pf ? cV : NULL, flags, P->dtype, perm);
+                        else PA_SFX(pa_pv4v_pages)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Vj, npg,
+                                                   T, ks, use_pf ? cV : NULL, flags, P->dtype, perm);
+                    }
                     use_pf = 0;
                 }
             }
@@ -395,7 +404,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 float *Sb = W.S + (int64_t)b4 * 4 * SldS;
                 if (qk8) {
                     const int64_t qo = (int64_t)gi * Mp + b4 * 4;
-                    PA_SFX(pa_qk4_i8)(W.q8 + qo * D, W.qs + qo, W.qsum + qo, D, &Kg, 1, row_stride,
+                    PA_SFX(pa_qk4_i8)(W.q8 + qo * D, W.qs + qo, W.qsum + qo, D, &Kg, 1, row_stride, 0,
                                       W.blo[b4] & ~1, W.bhi[b4], Sb, pk, flags);
                 } else
                     PA_SFX(pa_qk4)(qg + (int64_t)b4 * 4 * D, D, Kg, ks, W.blo[b4] & ~1, W.bhi[b4],
@@ -406,6 +415,11 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 PA_SFX(pa_softmax4)(Sb, W.blo[b4] >> 1, (W.bhi[b4] + 1) >> 1, W.vlo + b4 * 4,
                                     W.vhi + b4 * 4, P->soft_cap, slope4, pos4,
                                     mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
+                if (pv8) {
+                    PA_SFX(pa_pv4_i8)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, &Vg, 1, row_stride, 0,
+                                      W.blo[b4] & ~1, W.bhi[b4], pv, flags);
+                    continue;
+                }
                 if (i8) pa_i8_scale_pairs(Sb, W.blo[b4] & ~1, W.bhi[b4], Vg + D, row_stride);
                 PA_SFX(pa_pv4)(Og + (int64_t)b4 * 4 * D, D, W.alpha + b4 * 4, Sb, Sld,
                                Vg, ks, W.blo[b4] & ~1, W.bhi[b4], pv, flags, P->dtype, perm);

@@ -42,13 +42,17 @@ static void pa_qk4_scalar(const float *q, int D, const void *K, int64_t ks, int 
 /* int8 q.k (pagedcy_attn_types.h): scores of 4 quantized query vectors (q8
  * rows of D, scales qs) against virtual tokens [v0, v1) of npg pages in
  * token-major order (token v is row v / npg of page v % npg, rows rs bytes
- * apart; npg 1: one page), in the pair layout, times the q and K scales. */
+ * apart; npg 1: one page) or, tpp > 0, page after page (pa_vtok_init), in
+ * the pair layout, times the q and K scales. */
 static void pa_qk4_i8_scalar(const int8_t *q8, const float *qs, const int32_t *qsum, int D,
-                             const char *const *K, int npg, int64_t rs, int v0, int v1, float *S,
+                             const char *const *K, int npg, int64_t rs, int tpp, int v0, int v1, float *S,
                              pa_pfcur *pf, int flags) {
     (void)qsum; (void)pf; (void)flags;
     for (int v = v0; v < v1; v++) {
-        const int8_t *k = (const int8_t *)(K[v % npg] + (int64_t)(v / npg) * rs);
+        int j;
+        int64_t row;
+        pa_vtok_init(v, npg, tpp, rs, &j, &row);
+        const int8_t *k = (const int8_t *)(K[j] + row);
         for (int r = 0; r < 4; r++) {
             int32_t acc = 0;
             for (int d = 0; d < D; d++) acc += (int32_t)q8[(int64_t)r * D + d] * k[d];
@@ -58,6 +62,47 @@ static void pa_qk4_i8_scalar(const int8_t *q8, const float *qs, const int32_t *q
 }
 
 static inline int pa_qk_i8_ok_scalar(int D) { (void)D; return 1; }
+
+/* int8 P.V of the int8 q.k path, pa_pv4_i8_avx2's contract and numerics:
+ * per chunk of up to 64 virtual tokens, p' = p * v_scale(t) quantized per
+ * row to q = nearbyint(p' * (32767 / max p')), exact int32 sums of q * v8,
+ * O[r] = O[r] * alpha[r] (first chunk) + (max p' / 32767) * sum. */
+static inline int pa_pv_i8_ok_scalar(int flags) { (void)flags; return 1; }
+static void pa_pv4_i8_scalar(float *O, int D, const float *alpha, float *S, const char *const *V,
+                             int npg, int64_t rs, int tpp, int v0, int v1, pa_pfcur *pf, int flags) {
+    (void)pf; (void)flags;
+    int16_t Q[64 * 4];
+    for (int c0 = v0; c0 < v1; c0 += 64) {
+        const int c1 = c0 + 64 < v1 ? c0 + 64 : v1;
+        for (int r = 0; r < 4; r++) {
+            float mx = 0.0f;
+            for (int v = c0; v < c1; v++) {
+                int j;
+                int64_t off;
+                pa_vtok_init(v, npg, tpp, rs, &j, &off);
+                const char *row = V[j] + off;
+                float *p = S + pa_pair_idx(r, v);
+                *p *= pagedcy_i8_scale(row, (size_t)D);
+                mx = *p > mx ? *p : mx;
+            }
+            const float inv = mx > 0.0f ? 32767.0f / mx : 0.0f, ps = mx * (1.0f / 32767.0f);
+            for (int v = c0; v < c1; v++) Q[(v - c0) * 4 + r] = (int16_t)nearbyintf(S[pa_pair_idx(r, v)] * inv);
+            float *o = O + (int64_t)r * D;
+            const float a = c0 == v0 ? alpha[r] : 1.0f;
+            for (int d = 0; d < D; d++) {
+                int32_t acc = 0;
+                for (int v = c0; v < c1; v++) {
+                    int j;
+                    int64_t off;
+                    pa_vtok_init(v, npg, tpp, rs, &j, &off);
+                    const int8_t *row = (const int8_t *)(V[j] + off);
+                    acc += (int32_t)Q[(v - c0) * 4 + r] * row[d];
+                }
+                o[d] = fmaf(ps, (float)acc, o[d] * a);
+            }
+        }
+    }
+}
 #define pa_quantize_q8_scalar pa_quantize_q8
 
 static inline void pa_pv4_scalar_t(float *O, int D, const float *alpha, const float *P,

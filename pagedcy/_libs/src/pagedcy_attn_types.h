@@ -139,6 +139,19 @@ static inline void pa_i8_scale_pages(float *S, const char *const *rows, int npg,
     }
 }
 
+/* Virtual token v of a multi-page step over npg pages (rows rs bytes apart)
+ * -> (page j, byte offset row): token-major for tpp 0 (row v / npg of page
+ * v % npg) or, tpp > 0, page after page (row v % tpp of page v / tpp).
+ * Kernels step it a token at a time (pa_vtok_next) instead of dividing. */
+static inline void pa_vtok_init(int v, int npg, int tpp, int64_t rs, int *j, int64_t *row) {
+    if (tpp) { *j = v / tpp; *row = (int64_t)(v % tpp) * rs; }
+    else { *j = v % npg; *row = (int64_t)(v / npg) * rs; }
+}
+static inline void pa_vtok_next(int npg, int tpp, int64_t rs, int *j, int64_t *row) {
+    if (tpp) { *row += rs; if (*row == (int64_t)tpp * rs) { *row = 0; ++*j; } }
+    else if (++*j == npg) { *j = 0; *row += rs; }
+}
+
 /* ---- int8 q.k --------------------------------------------------------------
  * With int8 K (and pagedcy_attn_params.qk_i8) the decode kernels score with
  * integer dot products: each pre-scaled query vector q (D floats, already
@@ -154,7 +167,21 @@ static inline void pa_i8_scale_pages(float *S, const char *const *rows, int npg,
  * factor within [e^-2E, e^2E], so the log-sum-exp moves by at most E and
  * every output element by at most (e^2E - 1) * max_t |v[t][d]|.
  * Non-finite query values: NaN quantizes to 0, +-Inf to +-127 (the scale
- * from the finite values), as pagedcy_quantize_i8_row does for K/V. */
+ * from the finite values), as pagedcy_quantize_i8_row does for K/V.
+ *
+ * Where the instruction set has an integer P.V (pa_pv_i8_ok: the scalar
+ * path, AVX-VNNI, AVX512-VNNI), P.V also runs on integers (pa_pv4_i8): per
+ * 4-row block and chunk c of at most 64 tokens, w(t) = p(t) * v_scale(t)
+ * is rounded to q(t) = nearbyint(w(t) / u_r), u_r = max_c w / 32767 (15
+ * bits, per row), and sum_t q(t) v8[t][d] is exact in int32. Rounding moves
+ * each w by at most u_r / 2 <= p_max(c) * s_v / 65534, s_v the largest V row
+ * scale of the visible tokens, so a chunk's numerator moves by at most
+ * 64 * 128 * p_max(c) * s_v / 65534 per element (|v8| <= 128); the
+ * denominator l is at least the sum of the (rescaled) p_max(c), so
+ *     |output error| <= 64 * 128 / 65534 * s_v  <  s_v / 8
+ * per element (= max|v| / 1016 for rows from pagedcy's quantizer, under the
+ * error int8 V storage already has, max|v| / 254), on top of the q
+ * rounding's (e^2E - 1) * max_t |v[t][d]| above. */
 static inline void pa_quantize_q8(int8_t *q8, float *qs, int32_t *qsum, const float *q, int D) {
     float amax = 0.0f;
     for (int d = 0; d < D; d++) {
