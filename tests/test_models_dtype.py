@@ -231,3 +231,28 @@ def test_generate_cli_takes_dtype_and_quantization(bf16_dir, capsys):
     with pytest.raises(SystemExit) as e:
         main(base + ["--quantization", "q2_k"])
     assert e.value.code == 2 and "q8_0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_large_tensors_come_back_in_numpy_memory(tmp_path, dtype):
+    """A tensor of 4 MiB or more is returned in NumPy's own allocation (NumPy asks for huge
+    pages; safetensors' bytes are 4 KiB pages, which a decode step streams 1.5x slower), with
+    the stored values; a small one may stay a view."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    from pagedcy.models.weights import CheckpointReader
+
+    rng = np.random.default_rng(3)
+    store = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    big = rng.standard_normal((1024, 2048 if dtype == "float32" else 4096)).astype(store)
+    small = rng.standard_normal((8, 16)).astype(store)
+    save_file({"big": big, "small": small}, str(tmp_path / "model.safetensors"))
+    reader = CheckpointReader(tmp_path)
+    arr, fmt = reader.get_stored("big")
+    assert fmt == dtype and arr.nbytes >= 4 << 20
+    owner = arr if arr.flags.owndata else arr.base
+    assert isinstance(owner, np.ndarray) and owner.flags.owndata
+    np.testing.assert_array_equal(arr, big.view(np.uint16) if dtype == "bfloat16" else big)
+    got, _ = reader.get_stored("small")
+    np.testing.assert_array_equal(got, small.view(np.uint16) if dtype == "bfloat16" else small)
