@@ -61,7 +61,7 @@ cdef int _M_ALIGN = 12
 cdef int _SPLIT_M_MIN = 96
 
 
-cdef inline int _rows_part(int simd, int M, int m0, int m1, int N, int K, const float *xp,
+cdef inline int _rows_part(int simd, int m0, int m1, int N, int K, const float *xp,
                            const void *wp, int64_t row_bytes, const pagedcy_rowfmt *fmt,
                            float *op) noexcept nogil:
     """Rows [m0, m1) of x @ W^T on the calling thread."""
@@ -100,7 +100,7 @@ cdef int _kernel(cnp.ndarray x, cnp.ndarray w, const pagedcy_rowfmt *fmt, cnp.nd
         if nt > blocks:
             nt = blocks
         for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
-            rc |= _rows_part(simd, M, _M_ALIGN * (blocks * t // nt),
+            rc |= _rows_part(simd, _M_ALIGN * (blocks * t // nt),
                              min(M, _M_ALIGN * (blocks * (t + 1) // nt)), N, K, xp, wp,
                              row_bytes, fmt, op)
     else:

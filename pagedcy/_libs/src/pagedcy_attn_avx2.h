@@ -281,6 +281,13 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
             b = _mm256_broadcast_ss((pp) + 4); c20 = _mm256_fmadd_ps(b, v0, c20); c21 = _mm256_fmadd_ps(b, v1, c21); \
             b = _mm256_broadcast_ss((pp) + 6); c30 = _mm256_fmadd_ps(b, v0, c30); c31 = _mm256_fmadd_ps(b, v1, c31); \
         } while (0)
+/* The 8-column tail's step (D % 16 == 8): weights pp[0], [2], [4], [6] times V vector x. */
+#define PA_PV_STEP8(x, pp) do { \
+            c0 = _mm256_fmadd_ps(_mm256_broadcast_ss((pp)), (x), c0); \
+            c1 = _mm256_fmadd_ps(_mm256_broadcast_ss((pp) + 2), (x), c1); \
+            c2 = _mm256_fmadd_ps(_mm256_broadcast_ss((pp) + 4), (x), c2); \
+            c3 = _mm256_fmadd_ps(_mm256_broadcast_ss((pp) + 6), (x), c3); \
+        } while (0)
         int t = tlo;
         const float *pp = P + (tlo >> 1) * 8;
         for (; t + 2 <= thi; t += 2, vr += 2 * vsb, pp += 8) { PA_PV_STEP(vr, pp); PA_PV_STEP(vr + vsb, pp + 1); }
@@ -297,12 +304,8 @@ PA_AVX2_INLINE void pa_pv4_t(float *O, int D, const float *alpha, const float *P
         __m256 c2 = _mm256_mul_ps(_mm256_loadu_ps(O2 + d), al2);
         __m256 c3 = _mm256_mul_ps(_mm256_loadu_ps(O3 + d), al3);
         for (int t = tlo; t < thi; t++) {
-            __m256 v0 = pa_ld8(V, (int64_t)t * vs + d, dtype);
-            const float *pt = P + (t >> 1) * 8 + (t & 1);
-            c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt), v0, c0);
-            c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt + 2), v0, c1);
-            c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt + 4), v0, c2);
-            c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt + 6), v0, c3);
+            const __m256 v0 = pa_ld8(V, (int64_t)t * vs + d, dtype);
+            PA_PV_STEP8(v0, P + (t >> 1) * 8 + (t & 1));
         }
         _mm256_storeu_ps(O0 + d, c0); _mm256_storeu_ps(O1 + d, c1);
         _mm256_storeu_ps(O2 + d, c2); _mm256_storeu_ps(O3 + d, c3);
@@ -743,11 +746,7 @@ PA_AVX2_INLINE void pa_pv4v_t(float *O, int D, const float *alpha, const float *
             for (int v = 0; v < n; v++) {
                 const __m256 x = pa_ld8(Vd[j] + off, 0, dtype);
                 PA_VSTEP(j, off, npg, vsb);
-                const float *pt = P + (v >> 1) * 8 + (v & 1);
-                c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt), x, c0);
-                c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt + 2), x, c1);
-                c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt + 4), x, c2);
-                c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(pt + 6), x, c3);
+                PA_PV_STEP8(x, P + (v >> 1) * 8 + (v & 1));
             }
             _mm256_storeu_ps(O0 + d, c0); _mm256_storeu_ps(O1 + d, c1);
             _mm256_storeu_ps(O2 + d, c2); _mm256_storeu_ps(O3 + d, c3);
@@ -769,6 +768,7 @@ PA_AVX2_INLINE void pa_pv4v_t(float *O, int D, const float *alpha, const float *
             PA_PV_STEP(r1, pp + 1);
         }
 #undef PA_PV_STEP
+#undef PA_PV_STEP8
         _mm256_storeu_ps(O0 + d, c00); _mm256_storeu_ps(O0 + d + 8, c01);
         _mm256_storeu_ps(O1 + d, c10); _mm256_storeu_ps(O1 + d + 8, c11);
         _mm256_storeu_ps(O2 + d, c20); _mm256_storeu_ps(O2 + d + 8, c21);
