@@ -41,6 +41,37 @@ def test_serve_run_builder_takes_the_serve_flags(tmp_path):
             build_app(bad)
 
 
+def test_init_ray_retries_only_a_start_that_timed_out(monkeypatch):
+    from pagedcy.server import replicas
+    calls = []
+
+    def fake_init(**kw):
+        calls.append(kw)
+        if len(calls) <= failures:
+            raise Exception(message)
+        return "ctx"
+
+    monkeypatch.setattr(ray, "init", fake_init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(replicas.time, "sleep", lambda s: None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    message = "The current node timed out during startup. This could happen..."
+    failures = 2
+    assert replicas.init_ray(num_cpus=2, namespace="n") == "ctx" and len(calls) == 3
+    assert calls[-1]["num_cpus"] == 2 and calls[-1]["namespace"] == "n"
+    calls.clear()
+    failures = 3
+    with pytest.raises(Exception, match="timed out"):
+        replicas.init_ray(num_cpus=2)
+    assert len(calls) == 3
+    calls.clear()
+    message = "some other failure"
+    failures = 1
+    with pytest.raises(Exception, match="other"):
+        replicas.init_ray(num_cpus=2)
+    assert len(calls) == 1
+
+
 # --- the server on Ray Serve ----------------------------------------------------------------
 
 CONTEXT = 2048
@@ -57,10 +88,9 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster():
-    from pagedcy.server.replicas import _worker_path
-    _worker_path()                       # workers import this pagedcy
-    ctx = ray.init(num_cpus=2, include_dashboard=False, namespace="pagedcy-tests",
-                   log_to_driver=False)
+    from pagedcy.server.replicas import init_ray
+    # init_ray puts this pagedcy on the workers' path and retries a start that times out
+    ctx = init_ray(num_cpus=2, namespace="pagedcy-tests")
     yield ctx.address_info["address"]
     ray.shutdown()
 

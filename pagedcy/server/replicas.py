@@ -224,16 +224,29 @@ def _worker_path() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
 
 
-def init_ray(address=None, num_cpus=None) -> None:
-    """Join ``address`` (or ``$RAY_ADDRESS``), else start a local cluster of ``num_cpus``."""
+def init_ray(address=None, num_cpus=None, namespace="pagedcy", attempts=3):
+    """Join ``address`` (or ``$RAY_ADDRESS``), else start a local cluster of ``num_cpus``.
+
+    Returns ``ray.init``'s context. Ray gives a new raylet a fixed 30 s to register with its
+    GCS; a loaded 2-core host has missed that while 3 s is usual, so a local start that times
+    out is retried on a fresh session, up to ``attempts`` starts in all.
+    """
     import ray
     _worker_path()
     if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address or os.environ["RAY_ADDRESS"], namespace="pagedcy",
-                 log_to_driver=False)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, namespace="pagedcy",
-                 log_to_driver=False)
+        return ray.init(address=address or os.environ["RAY_ADDRESS"], namespace=namespace,
+                        log_to_driver=False)
+    attempt = 1
+    while True:
+        try:
+            return ray.init(num_cpus=num_cpus, include_dashboard=False, namespace=namespace,
+                            log_to_driver=False)
+        except Exception as e:           # ray raises a bare Exception for this timeout
+            ray.shutdown()
+            if attempt >= attempts or "timed out during startup" not in str(e):
+                raise
+            attempt += 1
+            time.sleep(2.0)
 
 
 def serve_replicas(args, api_key=None) -> int:
