@@ -32,8 +32,12 @@
 /* Software prefetch of W: blocks ahead and locality (2: prefetcht1, into L2).
  * 4-8 blocks ahead into L2 beat 1 block into L1 by ~1.3x on the decode step's
  * GEMMs (1 thread, 16 rows, EPYC Zen 4); further ahead gained nothing. */
+#ifndef PG_PF_BLOCKS
 #define PG_PF_BLOCKS 4
+#endif
+#ifndef PG_PF_LOC
 #define PG_PF_LOC 2
+#endif
 static inline int pg_min(int a, int b) { return a < b ? a : b; }
 
 /* Plain C, for CPUs without AVX2 (and as the tests' third path). */

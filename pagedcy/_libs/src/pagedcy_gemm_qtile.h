@@ -47,6 +47,19 @@ static inline int pg_q_signed(int F) { return F == PQ_Q8_0 || F == PQ_Q4_0 || F 
  * 32 elements, Q6_K the scale s[i] of each 16. */
 typedef struct { float s[16]; float m[8]; } pg_qhdr;
 
+/* pq_scale_min_k4 in one vector, no store-to-load round trip (four 4-byte stores read back as
+ * one 16-byte load stall store forwarding): bytes 0-7 the 6-bit scales, 8-15 the mins of the
+ * 12 bytes at s (16 are read: the block goes on past them). */
+PG_AVX2_INLINE __m128i pg_q_scale_min_k4(const uint8_t *s) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)s);
+    const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x3F));            /* sc_lo | mn_lo */
+    /* bits 6-7 of bytes 0-7 to bits 4-5 (a 16-bit shift: the mask drops what crosses bytes) */
+    const __m128i top = _mm_and_si128(_mm_srli_epi16(v, 2), _mm_set1_epi8(0x30));
+    const __m128i w2 = _mm_shuffle_epi8(v, _mm_setr_epi8(8, 9, 10, 11, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m128i nib = _mm_and_si128(_mm_blend_epi16(w2, _mm_srli_epi16(w2, 4), 0x0C), _mm_set1_epi8(0x0F));
+    return _mm_unpacklo_epi32(lo, _mm_or_si128(nib, top));              /* sc_lo sc_hi mn_lo mn_hi */
+}
+
 /* An fp16 value at p, broadcast (F16C: exact, as pq_half; a signalling NaN comes out quiet,
  * as the first arithmetic on pq_half's would make it). */
 PG_AVX2_INLINE __m256 pg_q_half_y(const uint8_t *p) {
@@ -57,9 +70,7 @@ PG_AVX2_INLINE __m256 pg_q_half_y(const uint8_t *p) {
 
 PG_AVX2_INLINE void pg_q_header(const int F, const uint8_t *b, pg_qhdr *h) {
     if (F == PQ_Q4_K || F == PQ_Q5_K) {
-        uint8_t sm[16];
-        pq_scale_min_k4(b + 4, sm, sm + 8);
-        const __m128i v = _mm_loadu_si128((const __m128i *)sm);
+        const __m128i v = pg_q_scale_min_k4(b + 4);
         /* d * sc and dmin * mn are exact; d * q - dmin * mn == fma(d, q, -(dmin * mn)) */
         _mm256_storeu_ps(h->s, _mm256_mul_ps(pg_q_half_y(b), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))));
         const __m256 mn = _mm256_mul_ps(pg_q_half_y(b + 2),
@@ -132,18 +143,19 @@ PG_AVX2_INLINE void pg_q_group(const int F, const uint8_t *b, const pg_qhdr *h, 
         }
         *s0 = *s1 = h->s[g];
         *m = h->m[g];
-    } else {                         /* Q6_K: half hh, quarter s (pq_blk_q6_k's layout) */
-        const int hh = g >> 2, s = g & 3;
-        const uint8_t *l = b + 64 * hh + 32 * (s & 1), *hb = b + 128 + 32 * hh;
-        const __m128i three = _mm_set1_epi8(3), off = _mm_set1_epi8(32);
-        __m128i lo0 = pg_q_ld(l), lo1 = pg_q_ld(l + 16);
-        lo0 = s >> 1 ? pg_q_hi4(lo0) : pg_q_lo4(lo0);
-        lo1 = s >> 1 ? pg_q_hi4(lo1) : pg_q_lo4(lo1);
-        /* the 16-bit shifts move no set bit across a byte once masked with 3 (2 s <= 6) */
-        const __m128i hi0 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(pg_q_ld(hb), 2 * s), three), 4);
-        const __m128i hi1 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(pg_q_ld(hb + 16), 2 * s), three), 4);
-        *q0 = _mm_sub_epi8(_mm_or_si128(lo0, hi0), off);
-        *q1 = _mm_sub_epi8(_mm_or_si128(lo1, hi1), off);
+    } else {                         /* Q6_K: half hh, quarter sq (pq_blk_q6_k's layout) */
+        const int hh = g >> 2, sq = g & 3;
+        /* all 32 bytes at once: bits 2 sq, 2 sq + 1 of each qh byte straight to bits 4-5 (the
+         * 16-bit shifts move bits across bytes only outside the mask) */
+        const __m256i l = _mm256_loadu_si256((const __m256i *)(b + 64 * hh + 32 * (sq & 1)));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * hh));
+        const __m256i hs = sq == 0 ? _mm256_slli_epi16(hb, 4) : sq == 1 ? _mm256_slli_epi16(hb, 2)
+                         : sq == 2 ? hb : _mm256_srli_epi16(hb, 2);
+        const __m256i lo = _mm256_and_si256(sq >> 1 ? _mm256_srli_epi16(l, 4) : l, _mm256_set1_epi8(0x0F));
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_and_si256(hs, _mm256_set1_epi8(0x30))),
+                                          _mm256_set1_epi8(32));
+        *q0 = _mm256_castsi256_si128(q);
+        *q1 = _mm256_extracti128_si256(q, 1);
         *s0 = h->s[2 * g];
         *s1 = h->s[2 * g + 1];
     }
@@ -218,14 +230,33 @@ PG_AVX512_INLINE void pg_q_group_z(const int F, const uint8_t *b, const pg_qhdr 
         const int hh = g >> 2, sq = g & 3;
         const __m256i l = _mm256_loadu_si256((const __m256i *)(b + 64 * hh + 32 * (sq & 1)));
         const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * hh));
-        const __m256i lo = _mm256_and_si256(sq >> 1 ? _mm256_srli_epi16(l, 4) : l, _mm256_set1_epi8(0x0F));
-        const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * sq), _mm256_set1_epi8(3)), 4);
-        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+        /* bits 2 sq, 2 sq + 1 of each byte straight to bits 4-5 (16-bit shifts: the mask drops
+         * what crosses a byte), then (lo & 0x0F) | hi in one ternary-logic op */
+        const __m256i hs = sq == 0 ? _mm256_slli_epi16(hb, 4) : sq == 1 ? _mm256_slli_epi16(hb, 2)
+                         : sq == 2 ? hb : _mm256_srli_epi16(hb, 2);
+        const __m256i hi = _mm256_and_si256(hs, _mm256_set1_epi8(0x30));
+        const __m256i q = _mm256_sub_epi8(_mm256_ternarylogic_epi32(sq >> 1 ? _mm256_srli_epi16(l, 4) : l, hi,
+                                                                    _mm256_set1_epi8(0x0F), 0xEC),  /* (A & C) | B */
+                                          _mm256_set1_epi8(32));
         *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))),
                             _mm512_set1_ps(h->s[2 * g]));
         *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
                             _mm512_set1_ps(h->s[2 * g + 1]));
     }
+}
+
+/* Q4_K groups g and g + 1 (g even) at once: they are the low and high nibbles of the same 32
+ * bytes, so each byte is widened once for both (pg_q_group_z's lookups, the same values). */
+PG_AVX512_INLINE void pg_q_pair_z(const uint8_t *b, const pg_qhdr *h, int g, __m512 w[4]) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const uint8_t *q = b + 16 + 16 * g;
+    const __m512i i0 = _mm512_cvtepu8_epi32(pg_q_ld(q)), i1 = _mm512_cvtepu8_epi32(pg_q_ld(q + 16));
+    const __m512 t0 = _mm512_fmadd_ps(_mm512_set1_ps(h->s[g]), iota, _mm512_set1_ps(h->m[g]));
+    const __m512 t1 = _mm512_fmadd_ps(_mm512_set1_ps(h->s[g + 1]), iota, _mm512_set1_ps(h->m[g + 1]));
+    w[0] = _mm512_permutexvar_ps(i0, t0);
+    w[1] = _mm512_permutexvar_ps(i1, t0);
+    w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(i0, 4), t1);
+    w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(i1, 4), t1);
 }
 
 /* 8 quants (the low 8 bytes of q) -> 8 weights, AVX2. */
@@ -255,6 +286,22 @@ PG_AVX512_INLINE void pg_qtile_z(int nblk, int nb, const float *A, int64_t lda, 
         if (QK == 256) {
             PG_UNROLL
             for (int j = 0; j < NB; j++) pg_q_header(F, row[j] + (int64_t)bk * BYTES, &h[j]);
+        }
+        if (F == PQ_Q4_K) {          /* two groups a step: same accumulators, same order */
+            for (int g = 0; g < 8; g += 2) {
+                const float *a = A + (int64_t)bk * 256 + 32 * g;
+                PG_UNROLL
+                for (int j = 0; j < NB; j++) {
+                    __m512 w[4];
+                    pg_q_pair_z(row[j] + (int64_t)bk * BYTES, &h[j], g, w);
+                    PG_UNROLL
+                    for (int u = 0; u < 4; u++)
+                        PG_UNROLL
+                        for (int i = 0; i < MR; i++)
+                            c[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i * lda + 16 * u), w[u], c[i][j]);
+                }
+            }
+            continue;
         }
         for (int g = 0; g < QK / 32; g++) {
             const float *a = A + (int64_t)bk * QK + 32 * g;
