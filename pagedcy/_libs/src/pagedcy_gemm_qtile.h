@@ -168,7 +168,8 @@ PG_AVX512_INLINE __m512 pg_q_half_z(const uint8_t *p) {
     return _mm512_cvtph_ps(_mm256_set1_epi16((short)v));
 }
 
-/* Group g of block b as two vectors of 16 weights, AVX-512. The 4- and 5-bit formats look
+/* Group g of block b as two vectors of 16 weights, AVX-512 (Q4_K / Q5_K: pg_q_pair_z, two
+ * groups at a time). The 4- and 5-bit formats look
  * their weights up in a table of the 16 (or 32) values a quant can take, made by the
  * decoder's own operation (d * (q - 8), fma(d, q, m), ...) on q = 0 .. 15: one lookup
  * (vpermps reads only the index's low 4 bits, so a byte's other nibble needs no mask)
@@ -206,26 +207,6 @@ PG_AVX512_INLINE void pg_q_group_z(const int F, const uint8_t *b, const pg_qhdr 
         *w0 = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(q, t0), _load_mask16((const __mmask16 *)qh), q, t1);
         *w1 = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(qhi, t0), _load_mask16((const __mmask16 *)(qh + 2)),
                                          qhi, t1);
-    } else if (F == PQ_Q4_K || F == PQ_Q5_K) {
-        const uint8_t *q = b + (F == PQ_Q4_K ? 16 : 48) + 32 * (g >> 1);
-        __m512i i0 = _mm512_cvtepu8_epi32(pg_q_ld(q)), i1 = _mm512_cvtepu8_epi32(pg_q_ld(q + 16));
-        if (g & 1) {
-            i0 = _mm512_srli_epi32(i0, 4);
-            i1 = _mm512_srli_epi32(i1, 4);
-        }
-        const __m512 s = _mm512_set1_ps(h->s[g]), m = _mm512_set1_ps(h->m[g]);
-        const __m512 t0 = _mm512_fmadd_ps(s, iota, m);
-        if (F == PQ_Q4_K) {
-            *w0 = _mm512_permutexvar_ps(i0, t0);
-            *w1 = _mm512_permutexvar_ps(i1, t0);
-        } else {                     /* bit g of qh[j]: the fifth bit of element 32 g + j */
-            const __m512 t1 = _mm512_fmadd_ps(s, _mm512_add_ps(iota, _mm512_set1_ps(16.0f)), m);
-            const __m128i bit = _mm_set1_epi8((char)(1 << g));
-            const __mmask16 k0 = _mm_test_epi8_mask(pg_q_ld(b + 16), bit);
-            const __mmask16 k1 = _mm_test_epi8_mask(pg_q_ld(b + 32), bit);
-            *w0 = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(i0, t0), k0, i0, t1);
-            *w1 = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(i1, t0), k1, i1, t1);
-        }
     } else {                         /* Q6_K: pg_q_group's bit twiddling on all 32 bytes at once */
         const int hh = g >> 2, sq = g & 3;
         const __m256i l = _mm256_loadu_si256((const __m256i *)(b + 64 * hh + 32 * (sq & 1)));
@@ -245,18 +226,31 @@ PG_AVX512_INLINE void pg_q_group_z(const int F, const uint8_t *b, const pg_qhdr 
     }
 }
 
-/* Q4_K groups g and g + 1 (g even) at once: they are the low and high nibbles of the same 32
- * bytes, so each byte is widened once for both (pg_q_group_z's lookups, the same values). */
-PG_AVX512_INLINE void pg_q_pair_z(const uint8_t *b, const pg_qhdr *h, int g, __m512 w[4]) {
+/* Q4_K / Q5_K groups g and g + 1 (g even) at once: they are the low and high nibbles of the
+ * same 32 bytes, so each byte is widened once for both (pg_q_group_z's lookups and fifth
+ * bits, the same values). */
+PG_AVX512_INLINE void pg_q_pair_z(const int F, const uint8_t *b, const pg_qhdr *h, int g, __m512 w[4]) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const uint8_t *q = b + 16 + 16 * g;
+    const uint8_t *q = b + (F == PQ_Q4_K ? 16 : 48) + 16 * g;
     const __m512i i0 = _mm512_cvtepu8_epi32(pg_q_ld(q)), i1 = _mm512_cvtepu8_epi32(pg_q_ld(q + 16));
-    const __m512 t0 = _mm512_fmadd_ps(_mm512_set1_ps(h->s[g]), iota, _mm512_set1_ps(h->m[g]));
-    const __m512 t1 = _mm512_fmadd_ps(_mm512_set1_ps(h->s[g + 1]), iota, _mm512_set1_ps(h->m[g + 1]));
+    const __m512i j0 = _mm512_srli_epi32(i0, 4), j1 = _mm512_srli_epi32(i1, 4);
+    const __m512 s0 = _mm512_set1_ps(h->s[g]), m0 = _mm512_set1_ps(h->m[g]);
+    const __m512 s1 = _mm512_set1_ps(h->s[g + 1]), m1 = _mm512_set1_ps(h->m[g + 1]);
+    const __m512 t0 = _mm512_fmadd_ps(s0, iota, m0), t1 = _mm512_fmadd_ps(s1, iota, m1);
     w[0] = _mm512_permutexvar_ps(i0, t0);
     w[1] = _mm512_permutexvar_ps(i1, t0);
-    w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(i0, 4), t1);
-    w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(i1, 4), t1);
+    w[2] = _mm512_permutexvar_ps(j0, t1);
+    w[3] = _mm512_permutexvar_ps(j1, t1);
+    if (F == PQ_Q5_K) {              /* bit g of qh[j]: the fifth bit of element 32 g + j */
+        const __m512 hi = _mm512_add_ps(iota, _mm512_set1_ps(16.0f));
+        const __m512 u0 = _mm512_fmadd_ps(s0, hi, m0), u1 = _mm512_fmadd_ps(s1, hi, m1);
+        const __m128i h0 = pg_q_ld(b + 16), h1 = pg_q_ld(b + 32);
+        const __m128i bit0 = _mm_set1_epi8((char)(1 << g)), bit1 = _mm_set1_epi8((char)(2 << g));
+        w[0] = _mm512_mask_permutexvar_ps(w[0], _mm_test_epi8_mask(h0, bit0), i0, u0);
+        w[1] = _mm512_mask_permutexvar_ps(w[1], _mm_test_epi8_mask(h1, bit0), i1, u0);
+        w[2] = _mm512_mask_permutexvar_ps(w[2], _mm_test_epi8_mask(h0, bit1), j0, u1);
+        w[3] = _mm512_mask_permutexvar_ps(w[3], _mm_test_epi8_mask(h1, bit1), j1, u1);
+    }
 }
 
 /* 8 quants (the low 8 bytes of q) -> 8 weights, AVX2. */
@@ -287,13 +281,13 @@ PG_AVX512_INLINE void pg_qtile_z(int nblk, int nb, const float *A, int64_t lda, 
             PG_UNROLL
             for (int j = 0; j < NB; j++) pg_q_header(F, row[j] + (int64_t)bk * BYTES, &h[j]);
         }
-        if (F == PQ_Q4_K) {          /* two groups a step: same accumulators, same order */
+        if (F == PQ_Q4_K || F == PQ_Q5_K) {   /* two groups a step: same accumulators, same order */
             for (int g = 0; g < 8; g += 2) {
                 const float *a = A + (int64_t)bk * 256 + 32 * g;
                 PG_UNROLL
                 for (int j = 0; j < NB; j++) {
                     __m512 w[4];
-                    pg_q_pair_z(row[j] + (int64_t)bk * BYTES, &h[j], g, w);
+                    pg_q_pair_z(F, row[j] + (int64_t)bk * BYTES, &h[j], g, w);
                     PG_UNROLL
                     for (int u = 0; u < 4; u++)
                         PG_UNROLL
