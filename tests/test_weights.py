@@ -157,3 +157,30 @@ def test_native_block_and_half_weights_equal_the_widened_weight_for_every_batch(
             wt.linear(x, got, 2)
             dense.linear(x, want, 2)
             np.testing.assert_array_equal(got, want, err_msg=f"{wt.format} M={m}")
+
+
+def test_weights_own_aligned_copies_and_keep_views():
+    """A float32 / 16-bit weight made from an array it owns (concatenated, widened, rounded)
+    holds it on a 64-byte boundary, values unchanged; one made from a view of other memory
+    (a memory-mapped file's tensor) keeps the view, no copy."""
+    rng = np.random.default_rng(8)
+    buf = np.empty(512 * 64 * 4 + 64, np.uint8)
+    off = (16 - buf.ctypes.data) % 64           # 16 bytes past a line, as NumPy's large arrays
+    for make in (lambda a: L.DenseWeight(a), lambda a: L.HalfWeight(a.astype(np.float16))):
+        src = rng.standard_normal((512, 64)).astype(np.float32)
+        w = make(src)
+        held = w.data if isinstance(w, L.DenseWeight) else w.bits
+        assert held.ctypes.data % 64 == 0
+        np.testing.assert_array_equal(w.dense(), src if isinstance(w, L.DenseWeight)
+                                      else src.astype(np.float16).astype(np.float32))
+    view = buf[off:off + 512 * 64 * 4].view(np.float32).reshape(512, 64)
+    view[...] = rng.standard_normal((512, 64))
+    assert view.ctypes.data % 64 == 16 and not view.flags.owndata
+    w = L.DenseWeight(view)
+    assert np.shares_memory(w.data, view)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    out = np.empty((3, 512), np.float32)
+    np.testing.assert_allclose(w.linear(x, out), x.astype(np.float64) @ view.T.astype(np.float64),
+                               rtol=1e-5, atol=1e-4)
+    a = np.ones((4, 4), np.float32)[:, :2]      # not C-contiguous: copied, aligned
+    assert L.aligned_copy(a).flags.c_contiguous and L.aligned_copy(a).ctypes.data % 64 == 0

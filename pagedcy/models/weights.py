@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from pagedcy._validate import read_json_object
+from pagedcy.models.linear import aligned_copy
 
 __all__ = ["CheckpointReader", "bf16_bits_to_f32", "to_bf16_bits"]
 
@@ -143,12 +144,14 @@ class CheckpointReader:
         except Exception as e:
             raise ValueError(f"cannot read tensor {name!r} from {file!r}: {e}") from None
         fmt = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype]
-        if not arr.flags.owndata and arr.nbytes >= _OWN_COPY_BYTES:
-            # safetensors hands back a view of a bytes object: malloc'd in 4 KiB pages. NumPy's
-            # own allocation asks for huge pages, and a decode step streams these weights:
-            # a 272 MB bf16 LM head ran at 19 GB/s from the bytes and 28 GB/s from a copy
-            # (Intel Xeon, 2 threads). One tensor's bytes are freed before the next is read.
-            arr = arr.copy()
+        if not arr.flags.owndata and (arr.nbytes >= _OWN_COPY_BYTES or arr.ctypes.data % 64):
+            # safetensors hands back a view of a bytes object: malloc'd in 4 KiB pages, and
+            # rarely 64-byte aligned. NumPy's own allocation asks for huge pages, and a decode
+            # step streams these weights: a 272 MB bf16 LM head ran at 19 GB/s from the bytes
+            # and 28 GB/s from a copy (Intel Xeon, 2 threads); the GEMM loads rows 64 bytes at
+            # a time (linear.aligned_copy). One tensor's bytes are freed before the next is
+            # read, so the copy costs no memory.
+            arr = aligned_copy(arr, always=arr.nbytes >= _OWN_COPY_BYTES)
         if fmt == "bfloat16":
             arr = arr.view(np.uint16)     # ml_dtypes' bfloat16 or the raw path's uint16
         return np.ascontiguousarray(arr), fmt

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from pagedcy.models.config import ModelConfig
+from pagedcy.models.linear import aligned_empty
 
 __all__ = ["Workspace"]
 
@@ -27,7 +28,7 @@ class Workspace:
         c = self.cfg
         h, d = c.hidden_size, c.head_dim
         qkv = (c.num_heads + 2 * c.num_kv_heads) * d
-        z = lambda *shape: np.empty(shape, np.float32)  # noqa: E731
+        z = lambda *shape: aligned_empty(shape)  # noqa: E731  (64-byte rows for the GEMM)
         self.residual, self.normed, self.delta = z(n, h), z(n, h), z(n, h)
         self.qkv, self.q, self.attn = z(n, qkv), z(n, c.num_heads, d), z(n, c.num_heads, d)
         self.k, self.v = z(n, c.num_kv_heads * d), z(n, c.num_kv_heads * d)
@@ -36,9 +37,9 @@ class Workspace:
 
     def _grow_seqs(self, b: int) -> None:
         c = self.cfg
-        self.last = np.empty((b, c.hidden_size), np.float32)
-        self.last_normed = np.empty((b, c.hidden_size), np.float32)
-        self.logits = np.empty((b, c.vocab_size), np.float32)
+        self.last = aligned_empty((b, c.hidden_size))
+        self.last_normed = aligned_empty((b, c.hidden_size))
+        self.logits = aligned_empty((b, c.vocab_size))
         self.seq_capacity = b
 
     def ensure(self, n: int, b: int) -> None:
