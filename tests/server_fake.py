@@ -8,7 +8,6 @@ one token per running request per step; ``step_delay`` seconds per step.
 """
 import asyncio
 import math
-import socket
 import threading
 import time
 
@@ -161,10 +160,7 @@ class FakeEngine:
         return outs
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pagedcy.tools.ports import free_port  # noqa: E402,F401  (re-exported for the tests)
 
 
 class InProcessServer:

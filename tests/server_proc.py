@@ -1,7 +1,6 @@
 """``python -m pagedcy serve`` as a subprocess on 127.0.0.1 (a free port), for the tests."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -9,10 +8,7 @@ import time
 import httpx
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pagedcy.tools.ports import free_port  # noqa: E402,F401  (re-exported for the tests)
 
 
 class ServerProcess:

@@ -104,10 +104,9 @@ def offline(model_dir, prompts, max_tokens, engine_kw):
 
 
 def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port (:func:`pagedcy.tools.ports.free_port`)."""
+    from pagedcy.tools.ports import free_port
+    return free_port()
 
 
 def start_server(model_dir, port, engine_args):

@@ -10,10 +10,11 @@ None when it is missing. redis-py is imported only by :meth:`RedisServer.client`
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
+
+from pagedcy.tools.ports import free_port
 
 BINARY = shutil.which("redis-server") or ("/usr/bin/redis-server"
                                           if os.path.exists("/usr/bin/redis-server") else None)
@@ -34,9 +35,7 @@ class RedisServer:
         self.dir = tempfile.mkdtemp(prefix="pagedcy-redis-") if directory is None else directory
         self.sock = os.path.join(self.dir, "redis.sock")
         self.url = f"unix://{self.sock}"
-        with socket.socket() as s:          # a free loopback port (released for the server)
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()             # a free loopback port (released for the server)
         self.tcp_url = f"redis://127.0.0.1:{self.port}/0"
         self.extra = list(extra)
         self.proc = None
