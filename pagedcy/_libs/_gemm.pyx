@@ -19,6 +19,7 @@ the kernel alone, on any CPU (scalar C without AVX2).
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange
+from libc.stdint cimport int8_t, int32_t, int64_t
 
 from pagedcy._libs._layers cimport _f32, _overlap
 from pagedcy._libs._openmp cimport PAGEDCY_OPENMP
@@ -33,6 +34,17 @@ cdef extern from "pagedcy_gemm.h" nogil:
 
 cdef extern from "pagedcy_quant.h" nogil:
     const pagedcy_rowfmt *pagedcy_quant_rowfmt(int ggml_type, int simd_level)
+
+cdef extern from "pagedcy_gemm_q8a.h" nogil:
+    ctypedef struct pg_q8a:
+        int K
+        const int8_t *qa
+        const float *da
+        const int32_t *s16
+    void pg_q8a_quantize(int level, int M, int K, const float *A, int64_t lda, int8_t *qa, float *da,
+                         int32_t *s16)
+    int pagedcy_gemm_q8a(int simd, int F, int M, int n0, int n1, const pg_q8a *a, const void *W,
+                         int64_t w_row_bytes, float *C, int64_t ldc)
 
 # A call runs on one thread unless its weight has PARALLEL_WEIGHT_BYTES as float32 (the memory-bound
 # case, few rows) or it does PARALLEL_MACS multiply-adds (compute-bound, many rows): waking an
@@ -53,6 +65,8 @@ FORMATS = {"f32": (PAGEDCY_F32, (np.float32,)), "f16": (PAGEDCY_F16, (np.float16
 BLOCK_FORMATS = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_k": 12, "q5_k": 13,
                  "q6_k": 14}
 
+# Block formats with an int8-activation kernel (pagedcy_gemm_q8a.h): linear_rows_q8.
+Q8A_FORMATS = ("q4_k", "q6_k", "q8_0")
 
 # x splits into row ranges of whole micro-tiles (12 rows on AVX-512, 6 on AVX2), each at
 # least the packed path's row count (pagedcy_gemm.h's PG_PACK_MIN_M), when it has more rows
@@ -227,3 +241,79 @@ def linear(x, weight, out, num_threads=None):
     else:
         np.matmul(xa, wa.T, out=oa)
     return out
+
+
+cdef int _nthreads(int N, int K, int M, int nt) noexcept:
+    """Threads for an [M, K] x [N, K]^T call (see PARALLEL_WEIGHT_BYTES)."""
+    cdef int blocks = (N + _ROW_ALIGN - 1) // _ROW_ALIGN
+    if nt > blocks:
+        nt = blocks
+    if not PAGEDCY_OPENMP or (4.0 * N * K < PARALLEL_WEIGHT_BYTES and <double>M * N * K < PARALLEL_MACS):
+        nt = 1
+    return nt
+
+
+def _quantize_activations(x, max_simd=2):
+    """Private: ``(qa, da, s16)`` of float32 ``x [M, K]`` (K a multiple of 32) as
+    ``linear_rows_q8`` quantizes it: int8 ``[M, K]``, float32 ``[M, K/32]``, int32 ``[M, K/16]``
+    (pagedcy_gemm_q8a.h defines them), the instruction set capped at ``max_simd``."""
+    cdef cnp.ndarray xa = _f32(x, "x", (None, None))
+    cdef Py_ssize_t M = xa.shape[0], K = xa.shape[1]
+    if K % 32:
+        raise ValueError(f"x must have a multiple of 32 columns, got {K}")
+    cdef cnp.ndarray qa = np.empty((M, K), np.int8)
+    cdef cnp.ndarray da = np.empty((M, K // 32), np.float32)
+    cdef cnp.ndarray s16 = np.empty((M, K // 16), np.int32)
+    cdef int level = min(int(max_simd), pagedcy_simd_level())
+    with nogil:
+        pg_q8a_quantize(level, <int>M, <int>K, <const float *>cnp.PyArray_DATA(xa), K,
+                        <int8_t *>cnp.PyArray_DATA(qa), <float *>cnp.PyArray_DATA(da),
+                        <int32_t *>cnp.PyArray_DATA(s16))
+    return qa, da, s16
+
+
+def _linear_rows_q8_tuned(x, weight, fmt, out, num_threads=None, max_simd=2):
+    """Private: ``linear_rows_q8`` with the instruction set capped at ``max_simd`` (0 scalar,
+    1 AVX2, 2 AVX-512 VNNI), for tests and benchmarks."""
+    if not isinstance(fmt, str):
+        raise TypeError(f"fmt must be a str, got {type(fmt).__name__}")
+    if fmt not in Q8A_FORMATS:
+        raise ValueError(f"fmt must be one of {list(Q8A_FORMATS)}, got {fmt!r}")
+    xa, wa, oa = _check(x, weight, out, fmt)
+    cdef int simd = min(int(max_simd), pagedcy_simd_level())
+    cdef int F = BLOCK_FORMATS[fmt]
+    cdef int M = xa.shape[0], K = xa.shape[1], N = wa.shape[0], t, rc = 0
+    if M == 0 or N == 0:
+        return out
+    qa, da, s16 = _quantize_activations(xa, simd)
+    cdef pg_q8a act
+    act.K = K
+    act.qa = <const int8_t *>cnp.PyArray_DATA(qa)
+    act.da = <const float *>cnp.PyArray_DATA(da)
+    act.s16 = <const int32_t *>cnp.PyArray_DATA(s16)
+    cdef const void *wp = cnp.PyArray_DATA(wa)
+    cdef float *op = <float *>cnp.PyArray_DATA(oa)
+    cdef int64_t rb = wa.shape[1]
+    cdef int nt = _nthreads(N, K, M, resolve_num_threads(num_threads))
+    cdef int blocks = (N + _ROW_ALIGN - 1) // _ROW_ALIGN
+    if nt == 1:
+        with nogil:
+            rc = pagedcy_gemm_q8a(simd, F, M, 0, N, &act, wp, rb, op, N)
+    else:
+        for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
+            rc |= pagedcy_gemm_q8a(simd, F, M, _ROW_ALIGN * (blocks * t // nt),
+                                   min(N, _ROW_ALIGN * (blocks * (t + 1) // nt)), &act, wp, rb, op, N)
+    if rc:
+        raise MemoryError("out of memory for the GEMM's packing buffers")
+    return out
+
+
+def linear_rows_q8(x, weight, fmt, out, num_threads=None):
+    """``out[...] = x @ W.T`` for a GGUF block weight ``fmt`` in ``Q8A_FORMATS`` (``"q4_k"``,
+    ``"q6_k"``, ``"q8_0"``; weight its raw uint8 rows ``[N, row_bytes]``) with int8
+    activations, as llama.cpp computes: each row of float32 ``x [M, K]`` is quantized per 32
+    elements (scale ``max|x| / 127``) and multiplied with integer dot products; ``out``
+    float32 ``[M, N]``. Error per output at most ``sum_g max|x_g| / 254 * sum_{k in g} |w_k|``
+    plus float32 rounding; every path (M, threads, SIMD level) gives the same bits.
+    TypeError / ValueError as ``linear_rows``. Returns ``out``."""
+    return _linear_rows_q8_tuned(x, weight, fmt, out, num_threads)

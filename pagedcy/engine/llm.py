@@ -22,7 +22,7 @@ class LLM:
     LLM(model_dir, **kwargs): ``kwargs`` as :class:`LLMEngine` (kv_cache_pages,
     page_size, kv_dtype, max_num_seqs, max_num_batched_tokens, enable_prefix_cache,
     num_threads, seed, preemption_mode, swap_pages, max_model_len, dtype, quantization,
-    kv_store: a Redis URL of a KV page store shared by engines). ``llm_engine`` is the engine.
+    activation_dtype, kv_store: a Redis URL of a KV page store shared by engines). ``llm_engine`` is the engine.
     """
 
     def __init__(self, model_dir, **kwargs):

@@ -28,7 +28,8 @@ class LLMEngine:
     LLMEngine(model_dir, *, kv_cache_pages=None, page_size=16, kv_dtype="float32",
               max_num_seqs=256, max_num_batched_tokens=2048, enable_prefix_cache=True,
               num_threads=None, seed=0, preemption_mode="recompute", swap_pages=0,
-              max_model_len=None, dtype="auto", quantization=None, kv_store=None)
+              max_model_len=None, dtype="auto", quantization=None, activation_dtype="auto",
+              kv_store=None)
 
     model_dir: a Hugging Face checkpoint directory (``pagedcy.models.load_model``) or a GGUF
     file (``model.gguf``: weights stay in their block formats, memory-mapped; the tokenizer and
@@ -36,6 +37,8 @@ class LLMEngine:
     dtype / quantization: how the weights are held (``load_model``'s options, vLLM's names):
     dtype "auto" (as stored: 16-bit stays 16-bit), "float32", "float16" or "bfloat16";
     quantization None, "q8_0" or "q4_0" (GGUF block formats, quantized at load).
+    activation_dtype: "auto" (int8 activations for Q4_K / Q6_K / Q8_0 weights, as llama.cpp)
+    or "float32" (float32 activations for every weight).
     kv_cache_pages: pages in the KV pool (None: :func:`default_num_pages`).
     max_num_seqs / max_num_batched_tokens: at most this many sequences / new tokens in
     one step (longer prompts are prefilled in chunks). preemption_mode: "recompute" or
@@ -60,7 +63,8 @@ class LLMEngine:
     def __init__(self, model_dir, *, kv_cache_pages=None, page_size=16, kv_dtype="float32",
                  max_num_seqs=256, max_num_batched_tokens=2048, enable_prefix_cache=True,
                  num_threads=None, seed=0, preemption_mode="recompute", swap_pages=0,
-                 max_model_len=None, dtype="auto", quantization=None, kv_store=None):
+                 max_model_len=None, dtype="auto", quantization=None, activation_dtype="auto",
+                 kv_store=None):
         if not isinstance(model_dir, (str, os.PathLike)):
             raise TypeError(f"model_dir must be a path, got {type(model_dir).__name__}")
         options = dict(kv_cache_pages=kv_cache_pages, page_size=page_size, kv_dtype=kv_dtype,
@@ -72,11 +76,12 @@ class LLMEngine:
         from pagedcy.models.loader import is_gguf, load_gguf, load_model
         if is_gguf(model_dir):       # one file: the model, its tokenizer and chat template
             model, tokenizer, _ = load_gguf(model_dir, num_threads=num_threads, dtype=dtype,
-                                            quantization=quantization)
+                                            quantization=quantization,
+                                            activation_dtype=activation_dtype)
             self._setup(model, tokenizer, os.fspath(model_dir), **options)
             return
         model = load_model(model_dir, num_threads=num_threads, dtype=dtype,
-                           quantization=quantization)
+                           quantization=quantization, activation_dtype=activation_dtype)
         self._setup(model, load_tokenizer(model_dir), os.fspath(model_dir), **options)
 
     @classmethod

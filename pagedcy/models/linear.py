@@ -201,9 +201,12 @@ class BlockWeight(Weight):
     """A GGUF block-format ``[N, K]`` matrix: ``raw`` uint8 ``[N, row_bytes]`` as the file
     stores it (each row ``K / block`` blocks), ``qtype`` a ``gguf.GGMLQuantizationType``
     (or its name, e.g. "Q8_0"), ``cols`` = K (None: from the row bytes). ``format`` is the
-    type's lower-case name."""
+    type's lower-case name. ``int8_activations``: ``linear`` quantizes x to int8 per 32
+    elements and uses integer dot products (``_gemm.linear_rows_q8``) where the format has
+    that kernel (attribute ``int8_activations`` says whether it does)."""
 
-    def __init__(self, raw: np.ndarray, qtype, cols: int | None = None):
+    def __init__(self, raw: np.ndarray, qtype, cols: int | None = None,
+                 int8_activations: bool = False):
         from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
         if isinstance(qtype, str):
@@ -228,8 +231,13 @@ class BlockWeight(Weight):
         self.format = qtype.name.lower()
         self._kernel_fmt = _gemm_format(self.format)
         self.shape, self.nbytes = (raw.shape[0], cols), raw.nbytes
+        # int8 activations where the format has the kernel (_gemm.Q8A_FORMATS); the other
+        # formats keep float32 activations (every call of one weight takes one path)
+        self.int8_activations = bool(int8_activations) and self.format in _gemm.Q8A_FORMATS
 
     def _linear(self, x, out, num_threads):
+        if self.int8_activations:
+            return _gemm.linear_rows_q8(x, self.raw, self.format, out, num_threads)
         return _gemm.linear_rows(x, self.raw, self._kernel_fmt, out, num_threads)
 
     def _take(self, rows, out):
@@ -282,13 +290,17 @@ def concat_weights(parts) -> Weight:
         raise ValueError(f"fused parts need the same columns, got {[p.shape for p in parts]}")
     runs: list[list[Weight]] = []
     for p in parts:
-        if runs and type(p) is type(runs[-1][0]) and p.format == runs[-1][0].format \
-                and not isinstance(p, StackedWeight):
+        if runs and _kind(p) == _kind(runs[-1][0]) and not isinstance(p, StackedWeight):
             runs[-1].append(p)
         else:
             runs.append([p])
     fused = [_concat_same(run) for run in runs]
     return fused[0] if len(fused) == 1 else StackedWeight(fused)
+
+
+def _kind(w: Weight) -> tuple:
+    """What parts must share to concatenate: class, format and activation kind."""
+    return type(w), w.format, getattr(w, "int8_activations", False)
 
 
 def _concat_same(run: list[Weight]) -> Weight:
@@ -301,5 +313,6 @@ def _concat_same(run: list[Weight]) -> Weight:
     if isinstance(first, HalfWeight):
         return HalfWeight(np.concatenate([p.bits for p in parts]), first.format)
     if isinstance(first, BlockWeight):
-        return BlockWeight(np.concatenate([p.raw for p in parts]), first.qtype, first.shape[1])
+        return BlockWeight(np.concatenate([p.raw for p in parts]), first.qtype, first.shape[1],
+                           int8_activations=first.int8_activations)
     return StackedWeight(run)

@@ -44,12 +44,16 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_weight_arguments(p: argparse.ArgumentParser) -> None:
-    """``--dtype`` and ``--quantization``: how the weights are held (vLLM's names)."""
-    from pagedcy.models.storage import DTYPES, QUANTIZATIONS
+    """``--dtype``, ``--quantization`` (how the weights are held, vLLM's names) and
+    ``--activation-dtype`` (what block-format weights multiply)."""
+    from pagedcy.models.storage import ACTIVATION_DTYPES, DTYPES, QUANTIZATIONS
     p.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="weight storage: auto keeps the checkpoint's (16-bit stays 16-bit)")
     p.add_argument("--quantization", default=None, choices=[q for q in QUANTIZATIONS if q],
                    help="quantize the projections at load to this GGUF block format")
+    p.add_argument("--activation-dtype", default="auto", choices=ACTIVATION_DTYPES,
+                   help="auto: int8 activations for Q4_K/Q6_K/Q8_0 weights (as llama.cpp); "
+                        "float32: float32 activations everywhere")
 
 
 def engine_kwargs(args) -> dict:
@@ -60,7 +64,8 @@ def engine_kwargs(args) -> dict:
                 enable_prefix_cache=not args.no_prefix_cache, num_threads=args.num_threads,
                 seed=args.seed, preemption_mode=args.preemption_mode, swap_pages=args.swap_pages,
                 max_model_len=args.max_model_len, dtype=args.dtype,
-                quantization=args.quantization, kv_store=args.kv_store)
+                quantization=args.quantization, activation_dtype=args.activation_dtype,
+                kv_store=args.kv_store)
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:

@@ -395,7 +395,8 @@ def main(argv=None):
     from pagedcy.server.launch import add_weight_arguments
     add_weight_arguments(ap)
     args = ap.parse_args(argv)
-    args.weights = dict(dtype=args.dtype, quantization=args.quantization)
+    args.weights = dict(dtype=args.dtype, quantization=args.quantization,
+                        activation_dtype=args.activation_dtype)
     _reexec_without_unset(["--engine"] + argv)
     try:
         from threadpoolctl import threadpool_limits

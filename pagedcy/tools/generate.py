@@ -13,7 +13,8 @@ def main(args, out=None):
                                 stop=args.stop or None)
         engine = LLMEngine(args.model, max_num_seqs=1, num_threads=args.threads,
                            dtype=getattr(args, "dtype", "auto"),
-                           quantization=getattr(args, "quantization", None))
+                           quantization=getattr(args, "quantization", None),
+                           activation_dtype=getattr(args, "activation_dtype", "auto"))
         engine.add_request("cli", args.prompt, params)
     except (FileNotFoundError, ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)

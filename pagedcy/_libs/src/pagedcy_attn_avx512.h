@@ -454,21 +454,13 @@ static void pa_qk4_i8_vnni_avx512(const int8_t *q8, const float *qs, const int32
     else for (int i = 0; pf && i < npg; i++) pa_pf_step(pf + i, pa_pf_lines_left(pf + i), flags);
 }
 
-static inline int pa_cpu_has_avx512vnni(void) {
-    static int cached = -1;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = pagedcy_cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
-    }
-    return cached;
-}
 #endif
 
 PA_AVX512 static void pa_qk4_i8_avx512(const int8_t *q8, const float *qs, const int32_t *qsum, int D,
                                        const char *const *K, int npg, int64_t rs, int tpp, int v0, int v1, float *S,
                                        pa_pfcur *pf, int flags) {
 #ifdef PAGEDCY_ATTN_HAVE_AVX512VNNI
-    if (D % 64 == 0 && !(flags & PA_TUNE_NO_VNNI) && pa_cpu_has_avx512vnni()) {
+    if (D % 64 == 0 && !(flags & PA_TUNE_NO_VNNI) && pagedcy_cpu_has_avx512vnni()) {
         pa_qk4_i8_vnni_avx512(q8, qs, qsum, D, K, npg, rs, tpp, v0, v1, S, pf, flags);
         return;
     }
@@ -539,7 +531,7 @@ static void pa_pv4_i8_vnni_avx512(float *O, int D, const float *alpha, float *S,
 PA_AVX512 static void pa_pv4_i8_avx512(float *O, int D, const float *alpha, float *S, const char *const *V,
                                        int npg, int64_t rs, int tpp, int v0, int v1, pa_pfcur *pf, int flags) {
 #ifdef PAGEDCY_ATTN_HAVE_AVX512VNNI
-    if (D % 32 == 0 && !(flags & PA_TUNE_NO_VNNI) && pa_cpu_has_avx512vnni()) {
+    if (D % 32 == 0 && !(flags & PA_TUNE_NO_VNNI) && pagedcy_cpu_has_avx512vnni()) {
         pa_pv4_i8_vnni_avx512(O, D, alpha, S, V, npg, rs, tpp, v0, v1, pf, flags);
         return;
     }
@@ -548,7 +540,7 @@ PA_AVX512 static void pa_pv4_i8_avx512(float *O, int D, const float *alpha, floa
 }
 
 #ifdef PAGEDCY_ATTN_HAVE_AVX512VNNI
-static inline int pa_pv_i8_ok_avx512(int flags) { return !(flags & PA_TUNE_NO_VNNI) && pa_cpu_has_avx512vnni(); }
+static inline int pa_pv_i8_ok_avx512(int flags) { return !(flags & PA_TUNE_NO_VNNI) && pagedcy_cpu_has_avx512vnni(); }
 #else
 static inline int pa_pv_i8_ok_avx512(int flags) { (void)flags; return 0; }
 #endif

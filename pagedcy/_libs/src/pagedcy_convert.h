@@ -122,6 +122,20 @@ static inline int pagedcy_cpu_has_avx512(void) {
 #endif
 }
 
+/* AVX-512 VNNI (vpdpbusd on zmm) as well: the int8 kernels' AVX-512 level. */
+static inline int pagedcy_cpu_has_avx512vnni(void) {
+#if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = pagedcy_cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+    }
+    return cached;
+#else
+    return 0;
+#endif
+}
+
 #define PAGEDCY_SIMD_SCALAR 0
 #define PAGEDCY_SIMD_AVX2 1
 #define PAGEDCY_SIMD_AVX512 2
