@@ -417,7 +417,7 @@ cdef extern from *:
         r |= pa_cpu_has_avxvnni() ? 1 : 0;
     #endif
     #if PAGEDCY_ATTN_HAVE_AVX512 && defined(PAGEDCY_ATTN_HAVE_AVX512VNNI)
-        r |= pa_cpu_has_avx512vnni() ? 2 : 0;
+        r |= pagedcy_cpu_has_avx512vnni() ? 2 : 0;
     #endif
         return r;
     }

@@ -36,13 +36,13 @@
 #include <string.h>
 #include "pagedcy_gemm.h"
 #include "pagedcy_quant.h"
+#include "pagedcy_gemm_q8a_unpack.h"
 
 /* Rows of A from which the packed tile beats the GEMV (same bits either way). */
 #ifndef PG_Q8A_TILE_M
 #define PG_Q8A_TILE_M 4
 #endif
 
-static inline int pg_q8a_supported(int F) { return F == PQ_Q4_K || F == PQ_Q6_K || F == PQ_Q8_0; }
 
 /* Activations of M rows quantized: qa [M][K] int8, da [M][K/32], s16 [M][K/16]. */
 typedef struct {
@@ -51,12 +51,6 @@ typedef struct {
     const float *da;
     const int32_t *s16;
 } pg_q8a;
-
-static inline float pg_q8a_half(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return pagedcy_f16_to_f32(h);
-}
 
 /* ---- activation quantization ---- */
 static void pg_q8a_quant_scalar(const float *x, int K, int8_t *qa, float *da, int32_t *s16) {
@@ -151,54 +145,38 @@ static void pg_q8a_quantize(int level, int M, int K, const float *A, int64_t lda
     }
 }
 
-/* ---- the reference: one output in plain C (also the scalar level and row tails) ---- */
-static float pg_q8a_dot_scalar(int F, const uint8_t *w, int K, const int8_t *qa, const float *da,
-                               const int32_t *s16) {
-    float acc = 0.0f;
-    if (F == PQ_Q8_0) {
-        for (int g = 0; g < K / 32; g++, w += 34) {
-            const int8_t *q = (const int8_t *)(w + 2);
-            int32_t Iv = 0;
-            for (int i = 0; i < 32; i++) Iv += (int32_t)q[i] * qa[32 * g + i];
-            acc = fmaf(pg_q8a_half(w) * da[g], (float)Iv, acc);
-        }
-    } else if (F == PQ_Q4_K) {
-        for (int b = 0; b < K / 256; b++, w += 144) {
-            uint8_t sc[8], mn[8];
-            pq_scale_min_k4(w + 4, sc, mn);
-            const float d = pg_q8a_half(w), ndm = 0.0f - pg_q8a_half(w + 2);   /* as the SIMD paths: +0 for +0 */
-            for (int j = 0; j < 8; j++) {
-                const int g = 8 * b + j;
-                const uint8_t *qs = w + 16 + 32 * (j >> 1);
-                int32_t Iv = 0;
-                for (int i = 0; i < 32; i++) Iv += (int32_t)((j & 1) ? qs[i] >> 4 : qs[i] & 15) * qa[32 * g + i];
-                acc = fmaf(d * (float)sc[j] * da[g], (float)Iv, acc);
-                acc = fmaf(ndm * (float)mn[j] * da[g], (float)(s16[2 * g] + s16[2 * g + 1]), acc);
-            }
-        }
-    } else if (F == PQ_Q6_K) {
-        for (int b = 0; b < K / 256; b++, w += 210) {
-            const float d = pg_q8a_half(w + 208);
-            for (int j = 0; j < 16; j++) {              /* group of 16: element e = 16 j + i */
-                const int h = j >> 3, t = (j >> 1) & 3, l0 = 16 * (j & 1);
-                const uint8_t *ql = w + 64 * h + 32 * (t & 1), *qh = w + 128 + 32 * h;
-                const int g16 = 16 * b + j;
-                int32_t Iv = 0;
-                for (int i = 0; i < 16; i++) {
-                    const int l = l0 + i;
-                    const int q = ((t >> 1) ? ql[l] >> 4 : ql[l] & 15) | (((qh[l] >> (2 * t)) & 3) << 4);
-                    Iv += q * qa[16 * g16 + i];
-                }
-                Iv -= 32 * s16[g16];
-                acc = fmaf(d * (float)(int8_t)w[192 + j] * da[g16 >> 1], (float)Iv, acc);
-            }
-        }
-    }
+/* The plain C path unpacks a row this many elements at a time (a multiple of every block). */
+#define PG_Q8A_KC 512
+
+/* Group j's integer sum with the format's offset folded in, and its link of the chain. */
+static inline float pg_q8a_link(const pg_q8a_fmt *f, float acc, float sw, float mw, float da, int32_t dot,
+                                int32_t S) {
+    const int32_t Iv = f->kind == PG_Q8A_OFFSET ? dot - f->off * S : dot;
+    acc = fmaf(sw * da, (float)Iv, acc);
+    if (f->kind == PG_Q8A_MIN) acc = fmaf(mw * da, (float)S, acc);
     return acc;
 }
 
-static inline int64_t pg_q8a_row_bytes(int F, int K) {
-    return F == PQ_Q8_0 ? (int64_t)K / 32 * 34 : F == PQ_Q4_K ? (int64_t)K / 256 * 144 : (int64_t)K / 256 * 210;
+/* ---- the reference: one output in plain C (also the scalar level and row tails) ---- */
+static float pg_q8a_dot_scalar(const pg_q8a_fmt *f, const uint8_t *w, int K, const int8_t *qa, const float *da,
+                               const int32_t *s16) {
+    uint8_t q[PG_Q8A_KC];
+    float sw[PG_Q8A_KC / 16], mw[PG_Q8A_KC / 16];
+    float acc = 0.0f;
+    const int gs = f->group;
+    for (int k0 = 0; k0 < K; k0 += PG_Q8A_KC) {
+        const int kc = pg_min(PG_Q8A_KC, K - k0);
+        f->unpack(w, k0, kc, q, sw, mw, 1);
+        for (int g = 0; g < kc / gs; g++) {
+            const int k = k0 + gs * g;
+            int32_t dot = 0;
+            for (int i = 0; i < gs; i++)
+                dot += (f->kind == PG_Q8A_SIGNED ? (int32_t)(int8_t)q[gs * g + i] : (int32_t)q[gs * g + i]) * qa[k + i];
+            const int32_t S = gs == 16 ? s16[k / 16] : s16[k / 16] + s16[k / 16 + 1];
+            acc = pg_q8a_link(f, acc, sw[g], mw[g], da[k / 32], dot, S);
+        }
+    }
+    return acc;
 }
 
 #if PG_HAVE_SIMD
@@ -531,48 +509,51 @@ PG_AVX2 static void pg_q8a_gemv_avx2_q8_0(const uint8_t *W, int64_t rb, int K, c
 
 #include "pagedcy_gemm_q8a_tile.h"
 
-/* Rows [0, M) of C, columns [n0, n1): the GEMV path, row blocks of 16 / 8 of W, each block
- * against every row of A (it is in L1/L2 for the rows after the first); row tails in C. */
-static void pg_q8a_gemv(int level, int F, int M, int n0, int n1, const pg_q8a *a, const uint8_t *W, int64_t wrb,
-                        float *C, int64_t ldc) {
-    const int K = a->K, rows = level == 2 ? 16 : level == 1 ? 8 : 1;
+/* Rows [0, M) of C, columns [n0, n1): the GEMV path, row blocks of 16 / 8 of W as the file
+ * stores them, each block against every row of A (it is in L1/L2 for the rows after the
+ * first); row tails, and every row at the scalar level, in plain C. */
+static void pg_q8a_gemv(int level, int F, const pg_q8a_fmt *fm, int M, int n0, int n1, const pg_q8a *a,
+                        const uint8_t *W, int64_t wrb, float *C, int64_t ldc) {
+    const int K = a->K;
     int n = n0;
 #if PG_HAVE_SIMD
     typedef void (*gemv_fn)(const uint8_t *, int64_t, int, const int8_t *, const float *, const int32_t *, float *);
     gemv_fn f = NULL;
     if (level == 2) f = F == PQ_Q4_K ? pg_q8a_gemv_avx512_q4k : F == PQ_Q6_K ? pg_q8a_gemv_avx512_q6k : pg_q8a_gemv_avx512_q8_0;
     else if (level == 1) f = F == PQ_Q4_K ? pg_q8a_gemv_avx2_q4k : F == PQ_Q6_K ? pg_q8a_gemv_avx2_q6k : pg_q8a_gemv_avx2_q8_0;
+    const int rows = level == 2 ? 16 : 8;
     for (; f && n + rows <= n1; n += rows)
         for (int m = 0; m < M; m++)
             f(W + (int64_t)n * wrb, wrb, K, a->qa + (int64_t)m * K, a->da + (int64_t)m * (K / 32),
               a->s16 + (int64_t)m * (K / 16), C + (int64_t)m * ldc + n);
 #else
-    (void)rows;
+    (void)level;
 #endif
     for (; n < n1; n++)
         for (int m = 0; m < M; m++)
-            C[(int64_t)m * ldc + n] = pg_q8a_dot_scalar(F, W + (int64_t)n * wrb, K, a->qa + (int64_t)m * K,
+            C[(int64_t)m * ldc + n] = pg_q8a_dot_scalar(fm, W + (int64_t)n * wrb, K, a->qa + (int64_t)m * K,
                                                         a->da + (int64_t)m * (K / 32), a->s16 + (int64_t)m * (K / 16));
 }
 
-/* Columns [n0, n1) of C[M, N] = A @ W^T for a Q4_K / Q6_K / Q8_0 weight (row n at W + n *
+/* Columns [n0, n1) of C[M, N] = A @ W^T for a GGUF block weight of type F (row n at W + n *
  * w_row_bytes) and activations a quantized by pg_q8a_quantize, on the calling thread. simd:
  * a PAGEDCY_SIMD_* cap (AVX-512 needs the CPU's VNNI; without it the AVX2 kernels run). The
  * bits depend on nothing but the inputs (see the top). Returns 0; -1 out of memory; -3 for
- * another format or a K that is not a multiple of its block. */
+ * a type without these kernels or a K that is not a multiple of its block. */
 static int pagedcy_gemm_q8a(int simd, int F, int M, int n0, int n1, const pg_q8a *a, const void *W,
                             int64_t w_row_bytes, float *C, int64_t ldc) {
-    if (!pg_q8a_supported(F) || a->K % (F == PQ_Q8_0 ? 32 : 256)) return -3;
+    const pg_q8a_fmt *f = pg_q8a_format(F);
+    if (!f || a->K % f->block) return -3;
     if (M <= 0 || n1 <= n0) return 0;
     int level = 0;
 #if PG_HAVE_SIMD
     if (simd >= PAGEDCY_SIMD_AVX512 && pagedcy_cpu_has_avx512vnni()) level = 2;
     else if (simd >= PAGEDCY_SIMD_AVX2 && pagedcy_cpu_has_avx2_fma()) level = 1;
-    if (level && M >= PG_Q8A_TILE_M) return pg_q8a_tiled(level, F, M, n0, n1, a, (const uint8_t *)W, w_row_bytes, C, ldc);
+    if (level && M >= PG_Q8A_TILE_M) return pg_q8a_tiled(level, f, M, n0, n1, a, (const uint8_t *)W, w_row_bytes, C, ldc);
 #else
     (void)simd;
 #endif
-    pg_q8a_gemv(level, F, M, n0, n1, a, (const uint8_t *)W, w_row_bytes, C, ldc);
+    pg_q8a_gemv(level, F, f, M, n0, n1, a, (const uint8_t *)W, w_row_bytes, C, ldc);
     return 0;
 }
 

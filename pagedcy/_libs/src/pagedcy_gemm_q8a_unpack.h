@@ -1,0 +1,167 @@
+/* The format-specific part of the int8-activation GEMM (pagedcy_gemm_q8a.h): each GGUF
+ * block format unpacks a range of a row into one byte per quant, in k order, and the fp32
+ * scales of its groups. Everything after that (the GEMV, the packed tile, the scalar
+ * reference) is shared.
+ *
+ * A group is 32 elements (16 for Q6_K's sub-scales) with one scale sw, and the weight is
+ *   signed:  w = sw * q                 (Q8_0: q the signed byte)
+ *   offset:  w = sw * (q - off)         (Q6_K: off 32, q = 0..63)
+ *   min:     w = sw * q + mw            (Q4_K: q = 0..15, mw = (-dmin) * mn)
+ * with sw = d (Q8_0) or d * sc (K-quants) rounded to fp32 once. (Q4_0 / Q5_0 fit the offset
+ * kind and Q4_1 / Q5_1 / Q5_K the min kind: each needs its unpacker and a GEMV.) These are the values
+ * gguf's dequantization computes (up to its own float32 rounding of the product).
+ */
+#ifndef PAGEDCY_GEMM_Q8A_UNPACK_H
+#define PAGEDCY_GEMM_Q8A_UNPACK_H
+
+#include <stdint.h>
+#include <string.h>
+#include "pagedcy_quant.h"
+
+#define PG_Q8A_SIGNED 0
+#define PG_Q8A_OFFSET 1
+#define PG_Q8A_MIN 2
+
+/* Unpack elements [k0, k0 + kc) of row w (both multiples of the block): q[kc] bytes, and
+ * group j's scale at sw[j * ss] (mw[j * ss] for the min kind). */
+typedef void (*pg_q8a_unpack_fn)(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss);
+
+typedef struct {
+    int block, block_bytes;     /* elements and bytes per block */
+    int group, kind, off;       /* group size, PG_Q8A_*, the offset of the offset kind */
+    pg_q8a_unpack_fn unpack;    /* plain C */
+    pg_q8a_unpack_fn unpack_avx2;   /* the same bytes and scales with AVX2 + F16C (NULL: none) */
+} pg_q8a_fmt;
+
+static inline float pg_q8a_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return pagedcy_f16_to_f32(h);
+}
+
+static void pg_q8a_unpack_q8_0(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
+    (void)mw;
+    w += (int64_t)k0 / 32 * 34;
+    for (int g = 0; g < kc / 32; g++, w += 34) {
+        memcpy(q + 32 * g, w + 2, 32);
+        sw[g * ss] = pg_q8a_half(w);
+    }
+}
+
+/* A Q4_K block's 8 group scales d * sc and mins (-dmin) * mn (ndm = 0 - dmin: +0 for +0,
+ * as the SIMD paths compute it). */
+static inline void pg_q8a_k4_scales(const uint8_t *w, float d, float ndm, float *sw, float *mw, int ss) {
+    uint8_t sc[8], mn[8];
+    pq_scale_min_k4(w + 4, sc, mn);
+    for (int j = 0; j < 8; j++) {
+        sw[j * ss] = d * (float)sc[j];
+        mw[j * ss] = ndm * (float)mn[j];
+    }
+}
+
+/* Q4_K: 8 groups per 256; chunk c's 32 bytes hold groups 2c (low nibbles) and 2c+1 (high). */
+static void pg_q8a_unpack_q4_k(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
+    w += (int64_t)k0 / 256 * 144;
+    for (int b = 0; b < kc / 256; b++, w += 144) {
+        pg_q8a_k4_scales(w, pg_q8a_half(w), 0.0f - pg_q8a_half(w + 2), sw + 8 * b * ss, mw + 8 * b * ss, ss);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                q[256 * b + 64 * c + l] = w[16 + 32 * c + l] & 15;
+                q[256 * b + 64 * c + 32 + l] = w[16 + 32 * c + l] >> 4;
+            }
+    }
+}
+
+/* Q6_K: 16 groups of 16 per 256, q = 0..63 (the -32 is the offset). Half h, element
+ * 32t + l of it: low or high nibble of ql[l + 32 (t & 1)] and bits 2t..2t+1 of qh[l]. */
+static void pg_q8a_unpack_q6_k(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
+    (void)mw;
+    w += (int64_t)k0 / 256 * 210;
+    for (int b = 0; b < kc / 256; b++, w += 210) {
+        const float d = pg_q8a_half(w + 208);
+        for (int j = 0; j < 16; j++) sw[(16 * b + j) * ss] = d * (float)(int8_t)w[192 + j];
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
+            uint8_t *o = q + 256 * b + 128 * h;
+            for (int t = 0; t < 4; t++)
+                for (int l = 0; l < 32; l++) {
+                    const int v = ql[l + 32 * (t & 1)];
+                    o[32 * t + l] = (uint8_t)(((t >> 1) ? v >> 4 : v & 15) | ((qh[l] >> (2 * t)) & 3) << 4);
+                }
+        }
+    }
+}
+
+#if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define PG_Q8A_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define PG_Q8A_HALF(p) _cvtsh_ss(*(const uint16_t *)(p))
+
+PG_Q8A_AVX2 static void pg_q8a_unpack_q8_0_avx2(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw,
+                                                int ss) {
+    (void)mw;
+    w += (int64_t)k0 / 32 * 34;
+    for (int g = 0; g < kc / 32; g++, w += 34) {
+        _mm256_storeu_si256((__m256i *)(q + 32 * g), _mm256_loadu_si256((const __m256i *)(w + 2)));
+        sw[g * ss] = PG_Q8A_HALF(w);
+    }
+}
+
+PG_Q8A_AVX2 static void pg_q8a_unpack_q4_k_avx2(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw,
+                                                int ss) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    w += (int64_t)k0 / 256 * 144;
+    for (int b = 0; b < kc / 256; b++, w += 144) {
+        pg_q8a_k4_scales(w, PG_Q8A_HALF(w), 0.0f - PG_Q8A_HALF(w + 2), sw + 8 * b * ss, mw + 8 * b * ss, ss);
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * c));
+            _mm256_storeu_si256((__m256i *)(q + 256 * b + 64 * c), _mm256_and_si256(v, m4));
+            _mm256_storeu_si256((__m256i *)(q + 256 * b + 64 * c + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+        }
+    }
+}
+
+PG_Q8A_AVX2 static void pg_q8a_unpack_q6_k_avx2(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw,
+                                                int ss) {
+    (void)mw;
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+    w += (int64_t)k0 / 256 * 210;
+    for (int b = 0; b < kc / 256; b++, w += 210) {
+        const float d = PG_Q8A_HALF(w + 208);
+        for (int j = 0; j < 16; j++) sw[(16 * b + j) * ss] = d * (float)(int8_t)w[192 + j];
+        for (int h = 0; h < 2; h++) {
+            const __m256i A = _mm256_loadu_si256((const __m256i *)(w + 64 * h));
+            const __m256i B = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));
+            const __m256i H = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
+            uint8_t *o = q + 256 * b + 128 * h;
+            _mm256_storeu_si256((__m256i *)o, _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30)));
+            _mm256_storeu_si256((__m256i *)(o + 32), _mm256_or_si256(_mm256_and_si256(B, m4), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30)));
+            _mm256_storeu_si256((__m256i *)(o + 64), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), m4), _mm256_and_si256(H, m30)));
+            _mm256_storeu_si256((__m256i *)(o + 96), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), m4),
+                                                                     _mm256_and_si256(_mm256_srli_epi16(H, 2), m30)));
+        }
+    }
+}
+#define PG_Q8A_WITH_AVX2(x) x
+#else
+#define PG_Q8A_WITH_AVX2(x) NULL
+#endif
+
+/* The int8-activation description of GGML type F, or NULL. */
+static inline const pg_q8a_fmt *pg_q8a_format(int F) {
+#define PG_Q8A_FMT(name, blk, bytes, group, kind, off) \
+    static const pg_q8a_fmt name = {blk, bytes, group, kind, off, pg_q8a_unpack_##name, \
+                                    PG_Q8A_WITH_AVX2(pg_q8a_unpack_##name##_avx2)};
+    PG_Q8A_FMT(q8_0, 32, 34, 32, PG_Q8A_SIGNED, 0)
+    PG_Q8A_FMT(q4_k, 256, 144, 32, PG_Q8A_MIN, 0)
+    PG_Q8A_FMT(q6_k, 256, 210, 16, PG_Q8A_OFFSET, 32)
+#undef PG_Q8A_FMT
+    switch (F) {
+        case PQ_Q8_0: return &q8_0;
+        case PQ_Q4_K: return &q4_k;
+        case PQ_Q6_K: return &q6_k;
+        default: return NULL;
+    }
+}
+
+#endif
