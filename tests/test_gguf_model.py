@@ -21,6 +21,7 @@ from model_helpers import SlotAllocator, assert_close, hf_logits  # noqa: E402
 
 import pagedcy as pc  # noqa: E402
 from pagedcy.models import write_random_checkpoint  # noqa: E402
+from pagedcy._libs import _gemm  # noqa: E402
 from pagedcy.models.linear import BlockWeight, DenseWeight, HalfWeight  # noqa: E402
 from pagedcy.models.loader import load_gguf  # noqa: E402
 from pagedcy.tools.gguf_fixture import write_gguf  # noqa: E402
@@ -99,7 +100,7 @@ def _block_weights(model):
     out = []
     for w in ws:
         out += getattr(w, "parts", [w])
-    return [w for w in out if isinstance(w, BlockWeight) and w.format in ("q4_k", "q6_k", "q8_0")]
+    return [w for w in out if isinstance(w, BlockWeight) and w.format in _gemm.Q8A_FORMATS]
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))

@@ -18,7 +18,7 @@ from pagedcy._libs._quant import dequantize  # noqa: E402
 from test_quant import EXTREME_SCALES, _bits, _random_raw  # noqa: E402
 
 LEVELS = [lv for lv in (2, 1, 0) if lv <= simd_level()]
-QTYPES = {"q4_k": T.Q4_K, "q6_k": T.Q6_K, "q8_0": T.Q8_0}
+QTYPES = {"q4_k": T.Q4_K, "q5_0": T.Q5_0, "q6_k": T.Q6_K, "q8_0": T.Q8_0}
 F32_EPS = 2.0 ** -24
 
 

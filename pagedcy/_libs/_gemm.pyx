@@ -66,7 +66,7 @@ BLOCK_FORMATS = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_k": 
                  "q6_k": 14}
 
 # Block formats with an int8-activation kernel (pagedcy_gemm_q8a.h): linear_rows_q8.
-Q8A_FORMATS = ("q4_k", "q6_k", "q8_0")
+Q8A_FORMATS = ("q4_k", "q5_0", "q6_k", "q8_0")
 
 # x splits into row ranges of whole micro-tiles (12 rows on AVX-512, 6 on AVX2), each at
 # least the packed path's row count (pagedcy_gemm.h's PG_PACK_MIN_M), when it has more rows

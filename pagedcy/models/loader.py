@@ -20,7 +20,7 @@ def load_model(path: str | os.PathLike, *, num_threads: int | None = None, dtype
     ``dtype`` ("auto", "float32", "float16", "bfloat16") and ``quantization`` (None, "q8_0",
     "q4_0") choose how the matrices are held (:mod:`pagedcy.models.storage`): "auto" keeps
     F16/BF16 tensors in 16 bits and F32 ones in float32; compute is float32 either way.
-    ``activation_dtype`` ("auto": int8 activations for Q4_K / Q6_K / Q8_0 matrices, as
+    ``activation_dtype`` ("auto": int8 activations for Q4_K / Q5_0 / Q6_K / Q8_0 matrices, as
     llama.cpp; "float32") says what block-format matrices multiply (same module).
     FileNotFoundError when the directory, config.json or the weights are missing;
     ValueError for a bad dtype/quantization, an unsupported architecture or rope_scaling

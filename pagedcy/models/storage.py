@@ -23,7 +23,7 @@ its raw rows uint8 ``[N, row_bytes]``) is held as it is, whatever ``dtype`` and
 
 ``activation_dtype`` says what a block-format matrix multiplies:
 
-- ``"auto"`` (default): int8 activations where the format has the kernel (Q4_K, Q6_K, Q8_0,
+- ``"auto"`` (default): int8 activations where the format has the kernel (Q4_K, Q5_0, Q6_K, Q8_0,
   as llama.cpp computes them): each row of x is quantized per 32 elements and multiplied with
   integer dot products (``pagedcy._libs._gemm.linear_rows_q8``: prefill ~2x, decode ~1.3x
   on a Q4_K_M file; each output within ``sum_g max|x_g| / 254 * sum_g |w|`` of the float32

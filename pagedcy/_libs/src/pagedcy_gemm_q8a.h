@@ -1,4 +1,4 @@
-/* GEMM of a GGUF block weight (Q4_K, Q6_K, Q8_0) with int8 activations, as llama.cpp
+/* GEMM of a GGUF block weight (Q4_K, Q5_0, Q6_K, Q8_0) with int8 activations, as llama.cpp
  * computes quantized weights: C[M, N] = A[M, K] @ W[N, K]^T with each row of A quantized
  * to int8 per 32 elements and integer dot products (AVX-512 VNNI vpdpbusd, AVX2
  * vpmaddubsw + vpmaddwd, or plain C).
@@ -8,11 +8,11 @@
  *    x * (127 / amax), -127, 127)) (qa = 0, da = 0 when amax == 0); s16[h] = sum of qa over
  *    each half of 16 (pg_q8a_quantize).
  *  - weight row n, group j of the format (32 elements; 16 for Q6_K's sub-scales): integer
- *    quants q and fp32 scales. I = sum q * qa, exact in int32 (Q6_K: q - 32 as 0..63 minus
- *    32 * s16; Q8_0: signed q).
+ *    quants q and fp32 scales (pagedcy_gemm_q8a_unpack.h). I = sum q * qa, exact in int32
+ *    (Q5_0: q - 16 as 0..31 minus 16 * S; Q6_K: q - 32 as 0..63 minus 32 * S; Q8_0: signed q).
  *  - out = 0, then over the groups in order: out = fma(sw * da, (float)I, out), and for Q4_K
  *    also out = fma(mw * da, (float)S, out) with S the group's sum of qa. Q4_K: sw = d * sc,
- *    mw = (-dmin) * m; Q6_K: sw = d * sc; Q8_0: sw = d.
+ *    mw = (-dmin) * m; Q6_K: sw = d * sc; Q5_0, Q8_0: sw = d.
  * The integer sums are exact and the float chain is the same operations in the same order
  * at every SIMD level, so every path gives the same bits: the GEMV on the file's rows for few
  * rows of A, the packed tile for many, the scalar reference, for any M, thread split or row
@@ -23,7 +23,7 @@
  * Few rows (M < PG_Q8A_TILE_M): the weight is read as the file stores it, 16 (AVX-512) or 8
  * (AVX2) rows at a time; each row's per-lane partial sums are transpose-reduced so the
  * float chain runs with lanes over rows (no per-output horizontal sums). Many rows: a panel
- * of rows is unpacked to bytes in dot-product order ([group][k/4][row][4], as in BLIS the
+ * of rows is unpacked to bytes in dot-product order ([k/4][row][4], as in BLIS the
  * packing is format-specific and the micro-kernel shared) and a register tile of
  * PG_Q8A_MR rows of A x 32 (16) rows of W runs the same integer sums and float chain.
  */
@@ -202,17 +202,22 @@ PG_AVX512_INLINE void pg_q8a_reduce16(__m512i *v, __m512i *out) {
 
 /* Prefetch of W for the GEMV: each of the R rows of the block, PG_Q8A_PFD bytes ahead of
  * the step at byte off of the rows (past a row's end: the next block of R rows, at the same
- * distance). The hardware prefetchers alone left the 16 short row streams at half the
- * read bandwidth; per-row prefetch ~576 bytes ahead (4 Q4_K blocks) measured best of 1-12
- * blocks (Q4_K 2048 x 8192, 2 threads, Xeon: 15.5 -> 22 GB/s). */
+ * distance), into L2. The hardware prefetchers alone left the 16 short row streams at half
+ * the read bandwidth (Q4_K 2048 x 8192, 2 threads, Xeon: 15.5 -> 22 GB/s with it). Measured
+ * on the Xeon, 2 threads, from memory: ~576 bytes ahead (4 Q4_K blocks) best of 1-12 blocks;
+ * into L2 (locality 2) 1-3 GB/s above L1 on Q4_K, Q5_0, Q6_K and Q8_0 shapes; prefetching
+ * the next block of rows linearly instead ran 10-30% slower (faster only on 640-wide Q8_0). */
 #ifndef PG_Q8A_PFD
 #define PG_Q8A_PFD 576
+#endif
+#ifndef PG_Q8A_PFLOC
+#define PG_Q8A_PFLOC 2
 #endif
 PG_AVX2_INLINE void pg_q8a_prefetch(const uint8_t *W, int64_t rb, int R, int64_t off, int bytes) {
     off += PG_Q8A_PFD;
     const uint8_t *p = W + (off < rb ? off : (int64_t)R * rb + off - rb);
     for (int r = 0; r < R; r++)
-        for (int l = 0; l < bytes; l += 64) __builtin_prefetch(p + (int64_t)r * rb + l, 0, 3);
+        for (int l = 0; l < bytes; l += 64) __builtin_prefetch(p + (int64_t)r * rb + l, 0, PG_Q8A_PFLOC);
 }
 
 PG_VNNI static void pg_q8a_gemv_avx512_q4k(const uint8_t *W, int64_t rb, int K, const int8_t *qa, const float *da,
@@ -354,6 +359,36 @@ PG_VNNI static void pg_q8a_gemv_avx512_q8_0(const uint8_t *W, int64_t rb, int K,
             const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D));
             const int gg = g + t;
             const __m512i Ic = _mm512_sub_epi32(Iv[t], _mm512_set1_epi32(128 * (s16[2 * gg] + s16[2 * gg + 1])));
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(da[gg])), _mm512_cvtepi32_ps(Ic), acc);
+        }
+    }
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(_mm512_loadu_si512(pg_q8a_inv16), acc));
+}
+
+PG_VNNI static void pg_q8a_gemv_avx512_q5_0(const uint8_t *W, int64_t rb, int K, const int8_t *qa, const float *da,
+                                            const int32_t *s16, float *out) {
+    const __m512i offs = _mm512_mullo_epi32(_mm512_loadu_si512(pg_q8a_perm16), _mm512_set1_epi32((int)rb));
+    const int G = K / 32;
+    __m512 acc = _mm512_setzero_ps();
+    for (int g = 0; g < G; g += 2) {
+        const int two = g + 1 < G;
+        const uint8_t *blk = W + (int64_t)g * 22;
+        pg_q8a_prefetch(W, rb, 16, (int64_t)g * 22, 44);
+        const __m512i a = two ? _mm512_loadu_si512(qa + 32 * g)
+                              : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(qa + 32 * g)));
+        __m512i L[16], Iv[2];
+        PG_UNROLL for (int r = 0; r < 16; r++) {
+            const uint8_t *rp = blk + (int64_t)r * rb;
+            const __m256i w1 = two ? pg_q8a_q5_0_bytes_avx2(rp + 22) : _mm256_setzero_si256();
+            const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(pg_q8a_q5_0_bytes_avx2(rp)), w1, 1);
+            L[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a);
+        }
+        pg_q8a_reduce16(L, Iv);
+        PG_UNROLL for (int t = 0; t < 2; t++) {
+            if (t && !two) break;
+            const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(offs, blk + 22 * t, 1)));
+            const int gg = g + t;
+            const __m512i Ic = _mm512_sub_epi32(Iv[t], _mm512_set1_epi32(16 * (s16[2 * gg] + s16[2 * gg + 1])));
             acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(da[gg])), _mm512_cvtepi32_ps(Ic), acc);
         }
     }
@@ -505,6 +540,22 @@ PG_AVX2 static void pg_q8a_gemv_avx2_q8_0(const uint8_t *W, int64_t rb, int K, c
     }
     _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(acc, _mm256_loadu_si256((const __m256i *)pg_q8a_inv8)));
 }
+PG_AVX2 static void pg_q8a_gemv_avx2_q5_0(const uint8_t *W, int64_t rb, int K, const int8_t *qa, const float *da,
+                                          const int32_t *s16, float *out) {
+    const __m256i offs = _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i *)pg_q8a_perm8), _mm256_set1_epi32((int)rb));
+    __m256 acc = _mm256_setzero_ps();
+    for (int g = 0; g < K / 32; g++) {
+        const uint8_t *blk = W + (int64_t)g * 22;
+        pg_q8a_prefetch(W, rb, 8, (int64_t)g * 22, 22);
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(qa + 32 * g));
+        __m256i L[8];
+        PG_UNROLL for (int r = 0; r < 8; r++) L[r] = pg_q8a_dot_y(pg_q8a_q5_0_bytes_avx2(blk + (int64_t)r * rb), a);
+        const __m256i Ic = _mm256_sub_epi32(pg_q8a_reduce8(L), _mm256_set1_epi32(16 * (s16[2 * g] + s16[2 * g + 1])));
+        const __m256 d = pg_q8a_h2f_y(_mm256_i32gather_epi32((const int *)blk, offs, 1));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(da[g])), _mm256_cvtepi32_ps(Ic), acc);
+    }
+    _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(acc, _mm256_loadu_si256((const __m256i *)pg_q8a_inv8)));
+}
 #endif /* PG_HAVE_SIMD */
 
 #include "pagedcy_gemm_q8a_tile.h"
@@ -519,8 +570,17 @@ static void pg_q8a_gemv(int level, int F, const pg_q8a_fmt *fm, int M, int n0, i
 #if PG_HAVE_SIMD
     typedef void (*gemv_fn)(const uint8_t *, int64_t, int, const int8_t *, const float *, const int32_t *, float *);
     gemv_fn f = NULL;
-    if (level == 2) f = F == PQ_Q4_K ? pg_q8a_gemv_avx512_q4k : F == PQ_Q6_K ? pg_q8a_gemv_avx512_q6k : pg_q8a_gemv_avx512_q8_0;
-    else if (level == 1) f = F == PQ_Q4_K ? pg_q8a_gemv_avx2_q4k : F == PQ_Q6_K ? pg_q8a_gemv_avx2_q6k : pg_q8a_gemv_avx2_q8_0;
+    switch (level * 256 + F) {
+        case 2 * 256 + PQ_Q4_K: f = pg_q8a_gemv_avx512_q4k; break;
+        case 2 * 256 + PQ_Q6_K: f = pg_q8a_gemv_avx512_q6k; break;
+        case 2 * 256 + PQ_Q5_0: f = pg_q8a_gemv_avx512_q5_0; break;
+        case 2 * 256 + PQ_Q8_0: f = pg_q8a_gemv_avx512_q8_0; break;
+        case 256 + PQ_Q4_K: f = pg_q8a_gemv_avx2_q4k; break;
+        case 256 + PQ_Q6_K: f = pg_q8a_gemv_avx2_q6k; break;
+        case 256 + PQ_Q5_0: f = pg_q8a_gemv_avx2_q5_0; break;
+        case 256 + PQ_Q8_0: f = pg_q8a_gemv_avx2_q8_0; break;
+        default: break;
+    }
     const int rows = level == 2 ? 16 : 8;
     for (; f && n + rows <= n1; n += rows)
         for (int m = 0; m < M; m++)

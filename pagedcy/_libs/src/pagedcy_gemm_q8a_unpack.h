@@ -5,9 +5,9 @@
  *
  * A group is 32 elements (16 for Q6_K's sub-scales) with one scale sw, and the weight is
  *   signed:  w = sw * q                 (Q8_0: q the signed byte)
- *   offset:  w = sw * (q - off)         (Q6_K: off 32, q = 0..63)
+ *   offset:  w = sw * (q - off)         (Q5_0: off 16, q = 0..31; Q6_K: off 32, q = 0..63)
  *   min:     w = sw * q + mw            (Q4_K: q = 0..15, mw = (-dmin) * mn)
- * with sw = d (Q8_0) or d * sc (K-quants) rounded to fp32 once. (Q4_0 / Q5_0 fit the offset
+ * with sw = d (Q5_0, Q8_0) or d * sc (K-quants) rounded to fp32 once. (Q4_0 fits the offset
  * kind and Q4_1 / Q5_1 / Q5_K the min kind: each needs its unpacker and a GEMV.) These are the values
  * gguf's dequantization computes (up to its own float32 rounding of the product).
  */
@@ -37,6 +37,22 @@ static inline float pg_q8a_half(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return pagedcy_f16_to_f32(h);
+}
+
+/* Q5_0: element j (j < 16) is the low nibble of qs[j], element j + 16 the high one, and bit
+ * j (j + 16) of qh is their bit 4; q = 0..31, the -16 is the offset. */
+static void pg_q8a_unpack_q5_0(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
+    (void)mw;
+    w += (int64_t)k0 / 32 * 22;
+    for (int g = 0; g < kc / 32; g++, w += 22) {
+        uint32_t qh;
+        memcpy(&qh, w + 2, 4);
+        for (int j = 0; j < 16; j++) {
+            q[32 * g + j] = (uint8_t)((w[6 + j] & 15) | ((qh >> j) & 1) << 4);
+            q[32 * g + j + 16] = (uint8_t)((w[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+        }
+        sw[g * ss] = pg_q8a_half(w);
+    }
 }
 
 static void pg_q8a_unpack_q8_0(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
@@ -97,6 +113,30 @@ static void pg_q8a_unpack_q6_k(const uint8_t *w, int k0, int kc, uint8_t *q, flo
 #define PG_Q8A_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define PG_Q8A_HALF(p) _cvtsh_ss(*(const uint16_t *)(p))
 
+/* A Q5_0 block's 32 quants (0..31) as bytes: nibbles of qs (low ones first) and bit j of qh
+ * as 16 (llama.cpp's bytes_from_bits_32). */
+PG_Q8A_AVX2 static inline __m256i pg_q8a_q5_0_bytes_avx2(const uint8_t *blk) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)(blk + 6));
+    const __m256i nib = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1),
+                                         _mm256_set1_epi8(15));
+    uint32_t x;
+    memcpy(&x, blk + 2, 4);
+    const __m256i sh = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
+    const __m256i b = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)x), sh),
+                                      _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
+    return _mm256_or_si256(nib, _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(16)));
+}
+
+PG_Q8A_AVX2 static void pg_q8a_unpack_q5_0_avx2(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw,
+                                                int ss) {
+    (void)mw;
+    w += (int64_t)k0 / 32 * 22;
+    for (int g = 0; g < kc / 32; g++, w += 22) {
+        _mm256_storeu_si256((__m256i *)(q + 32 * g), pg_q8a_q5_0_bytes_avx2(w));
+        sw[g * ss] = PG_Q8A_HALF(w);
+    }
+}
+
 PG_Q8A_AVX2 static void pg_q8a_unpack_q8_0_avx2(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw,
                                                 int ss) {
     (void)mw;
@@ -152,11 +192,13 @@ static inline const pg_q8a_fmt *pg_q8a_format(int F) {
 #define PG_Q8A_FMT(name, blk, bytes, group, kind, off) \
     static const pg_q8a_fmt name = {blk, bytes, group, kind, off, pg_q8a_unpack_##name, \
                                     PG_Q8A_WITH_AVX2(pg_q8a_unpack_##name##_avx2)};
+    PG_Q8A_FMT(q5_0, 32, 22, 32, PG_Q8A_OFFSET, 16)
     PG_Q8A_FMT(q8_0, 32, 34, 32, PG_Q8A_SIGNED, 0)
     PG_Q8A_FMT(q4_k, 256, 144, 32, PG_Q8A_MIN, 0)
     PG_Q8A_FMT(q6_k, 256, 210, 16, PG_Q8A_OFFSET, 32)
 #undef PG_Q8A_FMT
     switch (F) {
+        case PQ_Q5_0: return &q5_0;
         case PQ_Q8_0: return &q8_0;
         case PQ_Q4_K: return &q4_k;
         case PQ_Q6_K: return &q6_k;
