@@ -38,9 +38,11 @@
 #include "pagedcy_quant.h"
 #include "pagedcy_gemm_q8a_unpack.h"
 
-/* Rows of A from which the packed tile beats the GEMV (same bits either way). */
+/* Rows of A from which the packed tile beats the GEMV (same bits either way). Q4_K 8192 x
+ * 2048, 2 threads, Xeon: GEMV / tile 0.73 / 1.44 ms at 4 rows, 1.42 / 1.53 at 8, 2.80 / 1.87
+ * at 16 (the tile packs the whole weight on every call). */
 #ifndef PG_Q8A_TILE_M
-#define PG_Q8A_TILE_M 4
+#define PG_Q8A_TILE_M 8
 #endif
 
 
