@@ -370,6 +370,9 @@ PG_VNNI static void pg_q8a_gemv_avx512_q8_0(const uint8_t *W, int64_t rb, int K,
 PG_VNNI static void pg_q8a_gemv_avx512_q5_0(const uint8_t *W, int64_t rb, int K, const int8_t *qa, const float *da,
                                             const int32_t *s16, float *out) {
     const __m512i offs = _mm512_mullo_epi32(_mm512_loadu_si512(pg_q8a_perm16), _mm512_set1_epi32((int)rb));
+    const __m512i m4 = _mm512_set1_epi8(15), b16 = _mm512_set1_epi8(16);
+    const __m512i sh = _mm512_setr_epi64(0, 0, 0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
+                                         0x0004000400040004LL, 0x0004000400040004LL);
     const int G = K / 32;
     __m512 acc = _mm512_setzero_ps();
     for (int g = 0; g < G; g += 2) {
@@ -380,9 +383,18 @@ PG_VNNI static void pg_q8a_gemv_avx512_q5_0(const uint8_t *W, int64_t rb, int K,
                               : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(qa + 32 * g)));
         __m512i L[16], Iv[2];
         PG_UNROLL for (int r = 0; r < 16; r++) {
-            const uint8_t *rp = blk + (int64_t)r * rb;
-            const __m256i w1 = two ? pg_q8a_q5_0_bytes_avx2(rp + 22) : _mm256_setzero_si256();
-            const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(pg_q8a_q5_0_bytes_avx2(rp)), w1, 1);
+            /* the two blocks' quants as 64 bytes in k order: qs of block g in 128-bit lanes 0-1
+             * and of g + 1 in lanes 2-3, shifted right by 0 / 4 and masked (low / high
+             * nibbles), then bit i of the two qh words (a 64-bit mask) adds 16 to byte i. A
+             * last odd group reads block g twice: its activations are zero. */
+            const uint8_t *rp = blk + (int64_t)r * rb, *rq = two ? rp + 22 : rp;
+            __m512i w = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(rp + 6)));
+            w = _mm512_mask_broadcast_i32x4(w, 0xFF00, _mm_loadu_si128((const __m128i *)(rq + 6)));
+            w = _mm512_and_si512(_mm512_srlv_epi16(w, sh), m4);
+            uint32_t h0, h1;
+            memcpy(&h0, rp + 2, 4);
+            memcpy(&h1, rq + 2, 4);
+            w = _mm512_mask_add_epi8(w, _cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32), w, b16);
             L[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a);
         }
         pg_q8a_reduce16(L, Iv);
