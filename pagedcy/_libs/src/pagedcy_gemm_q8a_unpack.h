@@ -116,9 +116,9 @@ static void pg_q8a_unpack_q6_k(const uint8_t *w, int k0, int kc, uint8_t *q, flo
 /* A Q5_0 block's 32 quants (0..31) as bytes: nibbles of qs (low ones first) and bit j of qh
  * as 16 (llama.cpp's bytes_from_bits_32). */
 PG_Q8A_AVX2 static inline __m256i pg_q8a_q5_0_bytes_avx2(const uint8_t *blk) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)(blk + 6));
-    const __m256i nib = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1),
-                                         _mm256_set1_epi8(15));
+    /* qs in both 128-bit lanes (a load), the upper one shifted right by 4 */
+    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 6)));
+    const __m256i nib = _mm256_and_si256(_mm256_srlv_epi64(t, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
     uint32_t x;
     memcpy(&x, blk + 2, 4);
     const __m256i sh = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
