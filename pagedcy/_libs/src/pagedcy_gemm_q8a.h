@@ -182,6 +182,25 @@ static float pg_q8a_dot_scalar(const pg_q8a_fmt *f, const uint8_t *w, int K, con
 }
 
 #if PG_HAVE_SIMD
+/* Q4_K's eight group scales sw[j] = d * sc_j and mins mw[j] = ndm * mn_j for the rows in lanes,
+ * from the block's dwords Q0 (bytes 4-7: sc 0-3 and the high bits of sc 4-7), Q1 (8-11: mn 0-3
+ * and the high bits of mn 4-7) and Q2 (12-15: the low nibbles of sc / mn 4-7): the same
+ * integer ops at either width (P _mm512 / _mm256, S si512 / si256, V the integer vector). */
+#define PG_Q8A_K4_SCALES(P, S, V, Q0, Q1, Q2, d, ndm, sw, mw)                                       \
+    PG_UNROLL for (int j = 0; j < 4; j++) {                                                      \
+        const V m63_ = P##_set1_epi32(63), m15_ = P##_set1_epi32(15), m3_ = P##_set1_epi32(3);       \
+        const V sc = P##_and_##S(P##_srli_epi32(Q0, 8 * j), m63_);                                 \
+        const V mm = P##_and_##S(P##_srli_epi32(Q1, 8 * j), m63_);                                 \
+        const V sc2 = P##_or_##S(P##_and_##S(P##_srli_epi32(Q2, 8 * j), m15_),                     \
+                                 P##_slli_epi32(P##_and_##S(P##_srli_epi32(Q0, 8 * j + 6), m3_), 4)); \
+        const V mm2 = P##_or_##S(P##_and_##S(P##_srli_epi32(Q2, 8 * j + 4), m15_),                 \
+                                 P##_slli_epi32(P##_and_##S(P##_srli_epi32(Q1, 8 * j + 6), m3_), 4)); \
+        sw[j] = P##_mul_ps(d, P##_cvtepi32_ps(sc));                                               \
+        mw[j] = P##_mul_ps(ndm, P##_cvtepi32_ps(mm));                                             \
+        sw[j + 4] = P##_mul_ps(d, P##_cvtepi32_ps(sc2));                                          \
+        mw[j + 4] = P##_mul_ps(ndm, P##_cvtepi32_ps(mm2));                                        \
+    }
+
 /* ---- GEMV, AVX-512 VNNI: 16 rows of W against one row of A ----
  * Shuffle-adds that reduce 16 vectors of per-row partial sums (8 lanes per group) to lanes
  * over rows; the Q4_K / Q8_0 order of rows in lanes is pg_q8a_perm16. */
@@ -225,8 +244,7 @@ PG_AVX2_INLINE void pg_q8a_prefetch(const uint8_t *W, int64_t rb, int R, int64_t
 PG_VNNI static void pg_q8a_gemv_avx512_q4k(const uint8_t *W, int64_t rb, int K, const int8_t *qa, const float *da,
                                        const int32_t *s16, float *out) {
     const __m512i offs = _mm512_mullo_epi32(_mm512_loadu_si512(pg_q8a_perm16), _mm512_set1_epi32((int)rb));
-    const __m512i m4 = _mm512_set1_epi8(15), m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15);
-    const __m512i m3 = _mm512_set1_epi32(3);
+    const __m512i m4 = _mm512_set1_epi8(15);
     __m512 acc = _mm512_setzero_ps();
     for (int b = 0; b < K / 256; b++) {
         const uint8_t *blk = W + (int64_t)b * 144;
@@ -238,18 +256,7 @@ PG_VNNI static void pg_q8a_gemv_avx512_q4k(const uint8_t *W, int64_t rb, int K, 
         const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D));
         const __m512 ndm = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(D, 16))));
         __m512 sw[8], mw[8];
-        PG_UNROLL for (int j = 0; j < 4; j++) {
-            const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(Q0, 8 * j), m63);
-            const __m512i mm = _mm512_and_si512(_mm512_srli_epi32(Q1, 8 * j), m63);
-            const __m512i sc2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(Q2, 8 * j), m15),
-                                                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(Q0, 8 * j + 6), m3), 4));
-            const __m512i mm2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(Q2, 8 * j + 4), m15),
-                                                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(Q1, 8 * j + 6), m3), 4));
-            sw[j] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
-            mw[j] = _mm512_mul_ps(ndm, _mm512_cvtepi32_ps(mm));
-            sw[j + 4] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc2));
-            mw[j + 4] = _mm512_mul_ps(ndm, _mm512_cvtepi32_ps(mm2));
-        }
+        PG_Q8A_K4_SCALES(_mm512, si512, __m512i, Q0, Q1, Q2, d, ndm, sw, mw);
         const int8_t *a = qa + b * 256;
         PG_UNROLL for (int j = 0; j < 4; j += 2) {
             /* one 64-byte load per row: quant bytes of chunks j, j+1; low nibbles are groups
@@ -436,8 +443,7 @@ PG_AVX2_INLINE __m256 pg_q8a_h2f_y(__m256i D) {
 PG_AVX2 static void pg_q8a_gemv_avx2_q4k(const uint8_t *W, int64_t rb, int K, const int8_t *qa, const float *da,
                                       const int32_t *s16, float *out) {
     const __m256i offs = _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i *)pg_q8a_perm8), _mm256_set1_epi32((int)rb));
-    const __m256i m4 = _mm256_set1_epi8(15), m63 = _mm256_set1_epi32(63), m15 = _mm256_set1_epi32(15);
-    const __m256i m3 = _mm256_set1_epi32(3);
+    const __m256i m4 = _mm256_set1_epi8(15);
     __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < K / 256; b++) {
         const uint8_t *blk = W + (int64_t)b * 144;
@@ -449,18 +455,7 @@ PG_AVX2 static void pg_q8a_gemv_avx2_q4k(const uint8_t *W, int64_t rb, int K, co
         const __m256 d = pg_q8a_h2f_y(D);
         const __m256 ndm = _mm256_sub_ps(_mm256_setzero_ps(), pg_q8a_h2f_y(_mm256_srli_epi32(D, 16)));
         __m256 sw[8], mw[8];
-        PG_UNROLL for (int j = 0; j < 4; j++) {
-            const __m256i sc = _mm256_and_si256(_mm256_srli_epi32(Q0, 8 * j), m63);
-            const __m256i mm = _mm256_and_si256(_mm256_srli_epi32(Q1, 8 * j), m63);
-            const __m256i sc2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(Q2, 8 * j), m15),
-                                                _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(Q0, 8 * j + 6), m3), 4));
-            const __m256i mm2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(Q2, 8 * j + 4), m15),
-                                                _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(Q1, 8 * j + 6), m3), 4));
-            sw[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
-            mw[j] = _mm256_mul_ps(ndm, _mm256_cvtepi32_ps(mm));
-            sw[j + 4] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc2));
-            mw[j + 4] = _mm256_mul_ps(ndm, _mm256_cvtepi32_ps(mm2));
-        }
+        PG_Q8A_K4_SCALES(_mm256, si256, __m256i, Q0, Q1, Q2, d, ndm, sw, mw);
         const int8_t *a = qa + b * 256;
         PG_UNROLL for (int j = 0; j < 4; j++) {
             const __m256i alo = _mm256_loadu_si256((const __m256i *)(a + 64 * j));
