@@ -339,6 +339,29 @@ PG_VNNI static void pg_q8a_gemv_avx512_q6k(const uint8_t *W, int64_t rb, int K, 
     _mm512_storeu_ps(out, acc);
 }
 
+/* The 32-element block formats (Q8_0, Q5_0) step two groups at a time. Activations of
+ * groups g and g + 1 as one vector; for a last odd group (two == 0) the upper half is zero,
+ * so whatever weight bytes meet it add nothing. */
+PG_AVX512_INLINE __m512i pg_q8a_act2(const int8_t *qa, int g, int two) {
+    return two ? _mm512_loadu_si512(qa + 32 * g)
+               : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(qa + 32 * g)));
+}
+
+/* Their float chain for 16 rows over groups g (and g + 1): block t's fp16 d first in the
+ * block, blocks bs bytes apart, rows at offs (perm16 order), Iv the reduced integer sums,
+ * I = Iv - off * S (off 128 for Q8_0's sign flip, 16 for Q5_0). */
+PG_AVX512_INLINE __m512 pg_q8a_chain2(__m512 acc, __m512i offs, const uint8_t *blk, int bs, int two,
+                                      const __m512i *Iv, int off, const int32_t *s16, const float *da, int g) {
+    PG_UNROLL for (int t = 0; t < 2; t++) {
+        if (t && !two) break;
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(offs, blk + bs * t, 1)));
+        const int gg = g + t;
+        const __m512i Ic = _mm512_sub_epi32(Iv[t], _mm512_set1_epi32(off * (s16[2 * gg] + s16[2 * gg + 1])));
+        acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(da[gg])), _mm512_cvtepi32_ps(Ic), acc);
+    }
+    return acc;
+}
+
 PG_VNNI static void pg_q8a_gemv_avx512_q8_0(const uint8_t *W, int64_t rb, int K, const int8_t *qa, const float *da,
                                         const int32_t *s16, float *out) {
     const __m512i offs = _mm512_mullo_epi32(_mm512_loadu_si512(pg_q8a_perm16), _mm512_set1_epi32((int)rb));
@@ -349,10 +372,8 @@ PG_VNNI static void pg_q8a_gemv_avx512_q8_0(const uint8_t *W, int64_t rb, int K,
         const int two = g + 1 < G;
         const uint8_t *blk = W + (int64_t)g * 34;
         pg_q8a_prefetch(W, rb, 16, (int64_t)g * 34, 68);
-        /* q ^ 0x80 = q + 128 as unsigned bytes; I = dot - 128 * S. A last odd group runs with
-         * zero activations in the upper half. */
-        const __m512i a = two ? _mm512_loadu_si512(qa + 32 * g)
-                              : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(qa + 32 * g)));
+        /* q ^ 0x80 = q + 128 as unsigned bytes; I = dot - 128 * S */
+        const __m512i a = pg_q8a_act2(qa, g, two);
         __m512i L[16], Iv[2];
         PG_UNROLL for (int r = 0; r < 16; r++) {
             const uint8_t *rp = blk + (int64_t)r * rb + 2;
@@ -362,14 +383,7 @@ PG_VNNI static void pg_q8a_gemv_avx512_q8_0(const uint8_t *W, int64_t rb, int K,
             L[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a);
         }
         pg_q8a_reduce16(L, Iv);
-        PG_UNROLL for (int t = 0; t < 2; t++) {
-            if (t && !two) break;
-            const __m512i D = _mm512_i32gather_epi32(offs, blk + 34 * t, 1);
-            const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D));
-            const int gg = g + t;
-            const __m512i Ic = _mm512_sub_epi32(Iv[t], _mm512_set1_epi32(128 * (s16[2 * gg] + s16[2 * gg + 1])));
-            acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(da[gg])), _mm512_cvtepi32_ps(Ic), acc);
-        }
+        acc = pg_q8a_chain2(acc, offs, blk, 34, two, Iv, 128, s16, da, g);
     }
     _mm512_storeu_ps(out, _mm512_permutexvar_ps(_mm512_loadu_si512(pg_q8a_inv16), acc));
 }
@@ -386,8 +400,7 @@ PG_VNNI static void pg_q8a_gemv_avx512_q5_0(const uint8_t *W, int64_t rb, int K,
         const int two = g + 1 < G;
         const uint8_t *blk = W + (int64_t)g * 22;
         pg_q8a_prefetch(W, rb, 16, (int64_t)g * 22, 44);
-        const __m512i a = two ? _mm512_loadu_si512(qa + 32 * g)
-                              : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(qa + 32 * g)));
+        const __m512i a = pg_q8a_act2(qa, g, two);
         __m512i L[16], Iv[2];
         PG_UNROLL for (int r = 0; r < 16; r++) {
             /* the two blocks' quants as 64 bytes in k order: qs of block g in 128-bit lanes 0-1
@@ -405,13 +418,7 @@ PG_VNNI static void pg_q8a_gemv_avx512_q5_0(const uint8_t *W, int64_t rb, int K,
             L[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a);
         }
         pg_q8a_reduce16(L, Iv);
-        PG_UNROLL for (int t = 0; t < 2; t++) {
-            if (t && !two) break;
-            const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(offs, blk + 22 * t, 1)));
-            const int gg = g + t;
-            const __m512i Ic = _mm512_sub_epi32(Iv[t], _mm512_set1_epi32(16 * (s16[2 * gg] + s16[2 * gg + 1])));
-            acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(da[gg])), _mm512_cvtepi32_ps(Ic), acc);
-        }
+        acc = pg_q8a_chain2(acc, offs, blk, 22, two, Iv, 16, s16, da, g);
     }
     _mm512_storeu_ps(out, _mm512_permutexvar_ps(_mm512_loadu_si512(pg_q8a_inv16), acc));
 }
