@@ -22,7 +22,7 @@ from model_helpers import SlotAllocator, assert_close, hf_logits  # noqa: E402
 import pagedcy as pc  # noqa: E402
 from pagedcy.models import write_random_checkpoint  # noqa: E402
 from pagedcy._libs import _gemm  # noqa: E402
-from pagedcy.models.linear import BlockWeight, DenseWeight, HalfWeight  # noqa: E402
+from pagedcy.models.linear import BlockWeight, DenseWeight, HalfWeight, PanelWeight  # noqa: E402
 from pagedcy.models.loader import load_gguf  # noqa: E402
 from pagedcy.tools.gguf_fixture import write_gguf  # noqa: E402
 
@@ -100,14 +100,14 @@ def _block_weights(model):
     out = []
     for w in ws:
         out += getattr(w, "parts", [w])
-    return [w for w in out if isinstance(w, BlockWeight) and w.format in _gemm.Q8A_FORMATS]
+    return [w for w in out if isinstance(w, (BlockWeight, PanelWeight)) and w.format in _gemm.Q8A_FORMATS]
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_int8_activation_logits_within_the_stated_bound(checkpoints, arch):
     path = gguf_file(checkpoints, arch, "Q8_0")
     model, tok, _ = load_gguf(path, num_threads=1)
-    assert _block_weights(model) and all(w.int8_activations for w in _block_weights(model))
+    assert _block_weights(model) and all(isinstance(w, PanelWeight) for w in _block_weights(model))
     ids = tok.encode("The quick brown fox jumps over the lazy dog, twice: 1 2 3")
     assert_close(last_logits(model, ids), hf_logits(hf_model(path), ids)[-1],
                  rtol=INT8_LOGITS_RTOL)
@@ -197,7 +197,7 @@ def test_llama_quantize_k_quant_files_equal_transformers(qtype):
         assert {t.type_name for t in f.tensors.values()} - {"F32"} == KQUANT_TYPES[qtype]
     model, tok, _ = load_gguf(path, num_threads=2, activation_dtype="float32")
     fast, _, _ = load_gguf(path, num_threads=2)         # int8 activations (the default)
-    assert all(w.int8_activations for w in _block_weights(fast))
+    assert all(isinstance(w, PanelWeight) for w in _block_weights(fast))
     ref = transformers.AutoModelForCausalLM.from_pretrained(
         DATA, gguf_file=os.path.basename(path), dtype=torch.float32).eval()
     for text in ("The quick brown fox jumps over the lazy dog", "日本 😀 x**2 + 1"):

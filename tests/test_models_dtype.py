@@ -12,7 +12,8 @@ from model_helpers import SlotAllocator, assert_close  # noqa: E402
 from pagedcy import LLM, SamplingParams  # noqa: E402
 from pagedcy.engine import LLMEngine  # noqa: E402
 from pagedcy.models import load_model, write_random_checkpoint  # noqa: E402
-from pagedcy.models.linear import BlockWeight, DenseWeight, HalfWeight  # noqa: E402
+from pagedcy.models.linear import (PANEL_FORMATS, BlockWeight, DenseWeight, HalfWeight,  # noqa: E402
+                                   PanelWeight)
 
 N_PROMPTS = 32
 
@@ -97,7 +98,8 @@ def test_quantized_logits_within_bounds(bf16_dir, prompts, quant, rtol, agree):
     q4_0 0.16, 75%."""
     pytest.importorskip("gguf")
     f32, q = load_model(bf16_dir, dtype="float32"), load_model(bf16_dir, quantization=quant)
-    assert all(isinstance(w, BlockWeight) and w.format == quant for w in matrices(q))
+    held = PanelWeight if quant in PANEL_FORMATS else BlockWeight    # int8 activations for q8_0
+    assert all(isinstance(w, held) and w.format == quant for w in matrices(q))
     assert isinstance(q._embed, HalfWeight)           # an untied table follows dtype
     want, got = prefill(f32, prompts), prefill(q, prompts)
     assert_close(got, want, rtol=rtol)
@@ -122,7 +124,7 @@ def test_gemma_tied_table_quantized_with_the_head(tmp_path):
     pytest.importorskip("gguf")
     path = write_random_checkpoint(tmp_path, "Gemma3ForCausalLM", seed=1, tokenizer=False)
     model = load_model(path, quantization="q8_0")
-    assert model._embed is None and isinstance(model._lm_head, BlockWeight)
+    assert model._embed is None and isinstance(model._lm_head, PanelWeight)
     rng = np.random.default_rng(1)
     ps = [rng.integers(0, model.config.vocab_size, n) for n in (5, 12)]
     assert_close(prefill(model, ps), prefill(load_model(path), ps), rtol=0.02)  # measured 2e-3

@@ -13,3 +13,7 @@ cdef extern from "pagedcy_gemm.h" nogil:
                               const void *W, int64_t w_row_bytes, const pagedcy_rowfmt *fmt,
                               float *C, int64_t ldc)
     const pagedcy_rowfmt pagedcy_rowfmt_f32, pagedcy_rowfmt_f16, pagedcy_rowfmt_bf16
+
+# Threads for an [M, K] x [N, K]^T call (PARALLEL_WEIGHT_BYTES / PARALLEL_MACS), shared with
+# the panel GEMM (_q8panel).
+cdef int _nthreads(int N, int K, int M, int nt) noexcept

@@ -51,7 +51,7 @@ def _sample_array(h, name, a):
 
 def _stored(name, v):
     """``(name, array)`` of a value that holds weights: an ndarray, or a weight object's
-    storage (``pagedcy.models.linear``: ``data``, ``bits``, ``raw``, a stack's ``parts``),
+    storage (``pagedcy.models.linear``: ``data``, ``bits``, ``raw``, ``panel``, a stack's ``parts``),
     named with its format so a float32 and a quantized copy of one checkpoint differ."""
     if isinstance(v, np.ndarray):
         yield name, v
@@ -61,7 +61,7 @@ def _stored(name, v):
         return
     for i, part in enumerate(getattr(v, "parts", ())):
         yield from _stored(f"{name}.{i}", part)
-    for attr in ("data", "bits", "raw"):
+    for attr in ("data", "bits", "raw", "panel"):
         a = getattr(v, attr, None)
         if isinstance(a, np.ndarray):
             yield f"{name}:{fmt}", a

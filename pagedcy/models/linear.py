@@ -4,7 +4,10 @@ A projection is ``[N, K]`` (output-major, as checkpoints store it) in one of:
 
 - :class:`DenseWeight`: float32, run by ``pagedcy._libs._gemm.linear``;
 - :class:`HalfWeight`: float16 or bfloat16 bit patterns kept as stored (2 bytes a value);
-- :class:`BlockWeight`: a GGUF block format (Q8_0, Q4_0, Q4_K, ...), raw bytes ``[N, row_bytes]``;
+- :class:`BlockWeight`: a GGUF block format (Q8_0, Q4_0, Q4_K, ...), raw bytes ``[N, row_bytes]``
+  as the file stores them, with float32 activations;
+- :class:`PanelWeight`: Q4_K, Q5_0, Q6_K or Q8_0 repacked once into panels of 16 rows, with
+  int8 activations (as llama.cpp computes them);
 - :class:`StackedWeight`: rows of parts in different formats (a fused q|k|v from a Q4_K_M file
   whose v rows are Q6_K), each part run on its own and written to its columns of ``out``.
 
@@ -25,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from pagedcy._libs import _gemm
+from pagedcy._libs import _gemm, _q8panel
 
-__all__ = ["Weight", "DenseWeight", "HalfWeight", "BlockWeight", "StackedWeight",
+__all__ = ["Weight", "DenseWeight", "HalfWeight", "BlockWeight", "PanelWeight", "StackedWeight",
            "concat_weights", "HALF_FORMATS"]
 
 HALF_FORMATS = ("float16", "bfloat16")
@@ -197,53 +200,126 @@ class HalfWeight(Weight):
         _widen_half(np.take(self.bits, rows, axis=0), self.format, out)
 
 
+def _block_rows(raw: np.ndarray, qtype, cols: int | None):
+    """``(raw, qtype, cols)`` checked: raw uint8 rows ``[N, row_bytes]`` of GGML type ``qtype``
+    (a ``gguf.GGMLQuantizationType`` or its name) holding ``cols`` values each (None: from the
+    row bytes). ValueError for a type that is not a block format or a shape that does not fit."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    if isinstance(qtype, str):
+        try:
+            qtype = GGMLQuantizationType[qtype.upper()]
+        except KeyError:
+            raise ValueError(f"unknown GGML type {qtype!r}") from None
+    qtype = GGMLQuantizationType(qtype)
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    if block == 1:
+        raise ValueError(f"{qtype.name} is not a block format: use DenseWeight/HalfWeight")
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if cols is None:
+        cols = raw.shape[-1] // type_size * block if raw.ndim == 2 else 0
+    cols = int(cols)
+    if cols <= 0 or cols % block:
+        raise ValueError(f"{qtype.name} rows need a multiple of {block} columns, got {cols}")
+    if raw.ndim != 2 or raw.shape[1] != cols // block * type_size:
+        raise ValueError(f"{qtype.name} rows of {cols} values take {cols // block * type_size} "
+                         f"bytes; got raw shape {raw.shape}")
+    return raw, qtype, cols
+
+
 class BlockWeight(Weight):
     """A GGUF block-format ``[N, K]`` matrix: ``raw`` uint8 ``[N, row_bytes]`` as the file
-    stores it (each row ``K / block`` blocks), ``qtype`` a ``gguf.GGMLQuantizationType``
-    (or its name, e.g. "Q8_0"), ``cols`` = K (None: from the row bytes). ``format`` is the
-    type's lower-case name. ``int8_activations``: ``linear`` quantizes x to int8 per 32
-    elements and uses integer dot products (``_gemm.linear_rows_q8``) where the format has
-    that kernel (attribute ``int8_activations`` says whether it does)."""
+    stores it (each row ``K / block`` blocks; a memory-mapped file's view stays a view),
+    ``qtype`` a ``gguf.GGMLQuantizationType`` (or its name, e.g. "Q8_0"), ``cols`` = K (None:
+    from the row bytes). ``format`` is the type's lower-case name. ``linear`` decodes the
+    blocks in the GEMM's registers and multiplies float32 activations (bit for bit the float32
+    GEMM on the dequantized weight); :class:`PanelWeight` is the int8-activation form."""
 
-    def __init__(self, raw: np.ndarray, qtype, cols: int | None = None,
-                 int8_activations: bool = False):
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    int8_activations = False
 
-        if isinstance(qtype, str):
-            try:
-                qtype = GGMLQuantizationType[qtype.upper()]
-            except KeyError:
-                raise ValueError(f"unknown GGML type {qtype!r}") from None
-        qtype = GGMLQuantizationType(qtype)
-        block, type_size = GGML_QUANT_SIZES[qtype]
-        if block == 1:
-            raise ValueError(f"{qtype.name} is not a block format: use DenseWeight/HalfWeight")
-        raw = np.ascontiguousarray(raw, dtype=np.uint8)
-        if cols is None:
-            cols = raw.shape[-1] // type_size * block if raw.ndim == 2 else 0
-        cols = int(cols)
-        if cols <= 0 or cols % block:
-            raise ValueError(f"{qtype.name} rows need a multiple of {block} columns, got {cols}")
-        if raw.ndim != 2 or raw.shape[1] != cols // block * type_size:
-            raise ValueError(f"{qtype.name} rows of {cols} values take {cols // block * type_size} "
-                             f"bytes; got raw shape {raw.shape}")
-        self.raw, self.qtype = raw, qtype
-        self.format = qtype.name.lower()
+    def __init__(self, raw: np.ndarray, qtype, cols: int | None = None):
+        self.raw, self.qtype, cols = _block_rows(raw, qtype, cols)
+        self.format = self.qtype.name.lower()
         self._kernel_fmt = _gemm_format(self.format)
-        self.shape, self.nbytes = (raw.shape[0], cols), raw.nbytes
-        # int8 activations where the format has the kernel (_gemm.Q8A_FORMATS); the other
-        # formats keep float32 activations (every call of one weight takes one path)
-        self.int8_activations = bool(int8_activations) and self.format in _gemm.Q8A_FORMATS
+        self.shape, self.nbytes = (self.raw.shape[0], cols), self.raw.nbytes
 
     def _linear(self, x, out, num_threads):
-        if self.int8_activations:
-            return _gemm.linear_rows_q8(x, self.raw, self.format, out, num_threads)
         return _gemm.linear_rows(x, self.raw, self._kernel_fmt, out, num_threads)
 
     def _take(self, rows, out):
         from gguf.quants import dequantize
 
         out[...] = dequantize(np.take(self.raw, rows, axis=0), self.qtype)
+
+
+class PanelWeight(Weight):
+    """A GGUF ``[N, K]`` matrix of a format with int8-activation kernels (``PANEL_FORMATS``:
+    Q4_K, Q5_0, Q6_K, Q8_0), repacked once into panels of 16 rows (``panel``, uint8, the size
+    of the file's rows rounded up to 16 rows: :mod:`pagedcy._libs._q8panel`). ``linear``
+    quantizes each row of x to int8 per 32 elements and multiplies with integer dot products,
+    as llama.cpp does: each output within ``sum_g max|x_g| / 254 * sum_{k in g} |w_k|`` of the
+    float32 result (``_q8panel.linear``). ``raw``, ``qtype``, ``cols`` as :class:`BlockWeight`;
+    the rows read from a memory-mapped file are handed back to the OS after the repack
+    (the panels replace them in RAM)."""
+
+    int8_activations = True
+
+    def __init__(self, raw: np.ndarray, qtype, cols: int | None = None):
+        raw, self.qtype, cols = _block_rows(raw, qtype, cols)
+        self.format = self.qtype.name.lower()
+        if self.format not in PANEL_FORMATS:
+            raise ValueError(f"{self.qtype.name} has no int8-activation kernel; panel formats: "
+                             f"{', '.join(f.upper() for f in PANEL_FORMATS)}")
+        self.shape = (raw.shape[0], cols)
+        self.panel = _q8panel.repack(raw, self.format, cols)
+        self.nbytes = self.panel.nbytes
+        _drop_file_pages(raw)
+
+    @classmethod
+    def _from_panel(cls, panel: np.ndarray, qtype, shape) -> PanelWeight:
+        self = cls.__new__(cls)
+        self.qtype, self.format, self.shape = qtype, qtype.name.lower(), tuple(shape)
+        self.panel, self.nbytes = panel, panel.nbytes
+        return self
+
+    def rows(self, ids) -> np.ndarray:
+        """Rows ``ids`` as the file stored them: uint8 ``[len(ids), row_bytes]``."""
+        return _q8panel.rows(self.panel, self.format, *self.shape, ids)
+
+    def _linear(self, x, out, num_threads):
+        return _q8panel.linear(x, self.panel, self.format, self.shape[0], out, num_threads)
+
+    def _take(self, rows, out):
+        from gguf.quants import dequantize
+
+        out[...] = dequantize(self.rows(rows), self.qtype)
+
+
+#: GGUF formats :class:`PanelWeight` holds (those with int8-activation kernels)
+PANEL_FORMATS = _gemm.Q8A_FORMATS
+
+
+def _drop_file_pages(a: np.ndarray) -> None:
+    """Tell the OS this process no longer needs the pages of ``a`` when ``a`` is a view of a
+    read-only memory-mapped file (a GGUF tensor that was just copied): they leave its RSS
+    and come back from the page cache if read again. Anything else is left alone
+    (MADV_DONTNEED on anonymous memory would zero it)."""
+    import mmap
+
+    base = a
+    while isinstance(base, np.ndarray):
+        base = base.base
+    mm = getattr(base, "obj", None) if isinstance(base, memoryview) else None
+    if not isinstance(mm, mmap.mmap) or not hasattr(mm, "madvise") or a.flags.writeable:
+        return
+    try:
+        start = a.ctypes.data - np.frombuffer(mm, np.uint8, count=1).ctypes.data
+    except (ValueError, TypeError):       # closed
+        return
+    page = mmap.PAGESIZE
+    lo, hi = -(-start // page) * page, (start + a.nbytes) // page * page
+    if 0 <= lo < hi <= len(mm):
+        mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 class StackedWeight(Weight):
@@ -299,8 +375,8 @@ def concat_weights(parts) -> Weight:
 
 
 def _kind(w: Weight) -> tuple:
-    """What parts must share to concatenate: class, format and activation kind."""
-    return type(w), w.format, getattr(w, "int8_activations", False)
+    """What parts must share to concatenate: class and format."""
+    return type(w), w.format
 
 
 def _concat_same(run: list[Weight]) -> Weight:
@@ -313,6 +389,12 @@ def _concat_same(run: list[Weight]) -> Weight:
     if isinstance(first, HalfWeight):
         return HalfWeight(np.concatenate([p.bits for p in parts]), first.format)
     if isinstance(first, BlockWeight):
-        return BlockWeight(np.concatenate([p.raw for p in parts]), first.qtype, first.shape[1],
-                           int8_activations=first.int8_activations)
+        return BlockWeight(np.concatenate([p.raw for p in parts]), first.qtype, first.shape[1])
+    if isinstance(first, PanelWeight):
+        shape = (sum(p.shape[0] for p in parts), first.shape[1])
+        if all(p.shape[0] % 16 == 0 for p in parts[:-1]):      # whole panels: they concatenate
+            return PanelWeight._from_panel(aligned_copy(np.concatenate([p.panel for p in parts])),
+                                           first.qtype, shape)
+        rows = np.concatenate([p.rows(np.arange(p.shape[0])) for p in parts])
+        return PanelWeight(rows, first.qtype, first.shape[1])
     return StackedWeight(run)

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagedcy.models.linear import BlockWeight, DenseWeight, HalfWeight, Weight
+from pagedcy.models.linear import (PANEL_FORMATS, BlockWeight, DenseWeight, HalfWeight,
+                                   PanelWeight, Weight)
 from pagedcy.models.weights import bf16_bits_to_f32, to_bf16_bits
 
 __all__ = ["DTYPES", "QUANTIZATIONS", "ACTIVATION_DTYPES", "FLOAT_FORMATS", "WeightStorage",
@@ -80,14 +81,20 @@ class WeightStorage:
         self.dtype, self.quantization = dtype, quantization
         self.activation_dtype = activation_dtype
 
-    def _blocks(self, raw, qtype, cols=None) -> BlockWeight:
-        return BlockWeight(raw, qtype, cols, int8_activations=self.activation_dtype == "auto")
+    def _blocks(self, raw, qtype, cols=None) -> Weight:
+        """A block-format matrix that multiplies: int8 activations on panels where the format
+        has them and ``activation_dtype`` is "auto", else the raw rows."""
+        fmt = qtype if isinstance(qtype, str) else qtype.name
+        if self.activation_dtype == "auto" and fmt.lower() in PANEL_FORMATS:
+            return PanelWeight(raw, qtype, cols)
+        return BlockWeight(raw, qtype, cols)
 
     def table(self, stored: np.ndarray, fmt: str, name: str = "tensor") -> Weight:
         """A 2-D ``stored`` matrix (format ``fmt``, as CheckpointReader.get_stored returns
-        it) held per ``dtype`` (never quantized)."""
+        it) held per ``dtype`` (never quantized): an embedding table, read by row lookups
+        only (a block format keeps its raw rows, memory-mapped from a GGUF file)."""
         if fmt not in FLOAT_FORMATS:
-            return self._blocks(stored, fmt)
+            return BlockWeight(stored, fmt)
         want = fmt if self.dtype == "auto" else self.dtype
         if want == "float32":
             return DenseWeight(widen(stored, fmt))
@@ -106,7 +113,9 @@ class WeightStorage:
     def matrix(self, stored: np.ndarray, fmt: str, name: str = "tensor") -> Weight:
         """A projection ``stored`` ``[N, K]`` (format ``fmt``): quantized when
         ``quantization`` is set, else as :meth:`table`."""
-        if self.quantization is None or fmt not in FLOAT_FORMATS:
+        if fmt not in FLOAT_FORMATS:
+            return self._blocks(stored, fmt)
+        if self.quantization is None:
             return self.table(stored, fmt, name)
         try:
             from gguf import GGMLQuantizationType

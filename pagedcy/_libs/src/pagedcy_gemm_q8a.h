@@ -147,6 +147,20 @@ static void pg_q8a_quantize(int level, int M, int K, const float *A, int64_t lda
     }
 }
 
+/* The group's sum of activations: groups of 16 (GS_) or 32. */
+#define PG_Q8A_SUMS(GS_, s, g) ((GS_) == 16 ? (s)[g] : (s)[2 * (g)] + (s)[2 * (g) + 1])
+
+/* The activation rows m0 .. m0 + MR_ - 1 of a: qa[i], da[i], s16[i]. */
+#define PG_Q8A_ROWS(MR_)                                                                       \
+    const int8_t *qa[MR_];                                                                     \
+    const float *da[MR_];                                                                      \
+    const int32_t *s16[MR_];                                                                   \
+    PG_UNROLL for (int i = 0; i < MR_; i++) {                                                  \
+        qa[i] = a->qa + (int64_t)(m0 + i) * K;                                                 \
+        da[i] = a->da + (int64_t)(m0 + i) * (K / 32);                                          \
+        s16[i] = a->s16 + (int64_t)(m0 + i) * (K / 16);                                        \
+    }
+
 /* The plain C path unpacks a row this many elements at a time (a multiple of every block). */
 #define PG_Q8A_KC 512
 
@@ -574,7 +588,7 @@ PG_AVX2 static void pg_q8a_gemv_avx2_q5_0(const uint8_t *W, int64_t rb, int K, c
 }
 #endif /* PG_HAVE_SIMD */
 
-#include "pagedcy_gemm_q8a_tile.h"
+#include "pagedcy_gemm_q8p.h"
 
 /* Rows [0, M) of C, columns [n0, n1): the GEMV path, row blocks of 16 / 8 of W as the file
  * stores them, each block against every row of A (it is in L1/L2 for the rows after the
@@ -625,7 +639,10 @@ static int pagedcy_gemm_q8a(int simd, int F, int M, int n0, int n1, const pg_q8a
 #if PG_HAVE_SIMD
     if (simd >= PAGEDCY_SIMD_AVX512 && pagedcy_cpu_has_avx512vnni()) level = 2;
     else if (simd >= PAGEDCY_SIMD_AVX2 && pagedcy_cpu_has_avx2_fma()) level = 1;
-    if (level && M >= PG_Q8A_TILE_M) return pg_q8a_tiled(level, f, M, n0, n1, a, (const uint8_t *)W, w_row_bytes, C, ldc);
+    if (level && M >= PG_Q8A_TILE_M) {
+        const pg_q8a_src src = {f, F, (const uint8_t *)W, w_row_bytes, NULL, 0};
+        return pg_q8a_tiled(level, &src, M, n0, n1, a, C, ldc);
+    }
 #else
     (void)simd;
 #endif

@@ -14,21 +14,51 @@
 #if PG_HAVE_SIMD
 #define PG_Q8A_MR 4
 
+/* Where the tile's rows of W come from: raw rows W (row_bytes wrb) as the file stores them,
+ * or (W NULL) a panel weight P of N rows (pagedcy_gemm_q8p.h). */
+typedef struct {
+    const pg_q8a_fmt *f;
+    int F;
+    const uint8_t *W;
+    int64_t wrb;
+    const uint8_t *P;
+    int N;
+} pg_q8a_src;
+
 /* Rows [n, n + nb) of W into NV sub-panels of L rows at p (rows past nb are zero, scale 0).
  * Layout per sub-panel: q (K * L bytes), sw (G * L floats), mw (G * L floats). row: K bytes
  * of scratch, rs / rm: G floats each. */
 static inline int64_t pg_q8a_subpanel_bytes(int K, int G, int L) { return (int64_t)K * L + 8 * (int64_t)G * L; }
 
-static void pg_q8a_pack(const pg_q8a_fmt *f, const uint8_t *W, int64_t wrb, int n, int nb, int K, int L, int NV,
-                        uint8_t *p, uint8_t *row, float *rs, float *rm) {
+static void pg_q8a_pack(const pg_q8a_src *src, int n, int nb, int K, int L, int NV, uint8_t *p, uint8_t *row,
+                        float *rs, float *rm) {
+    const pg_q8a_fmt *f = src->f;
     const int G = K / f->group;
     const int64_t sp = pg_q8a_subpanel_bytes(K, G, L);
+    if (!src->W) {      /* a panel weight: its records expanded, 16 / L sub-panels a panel */
+        const int NB = K / f->block, BB = 16 * f->block_bytes, gpb = f->block / f->group;
+        for (int v = 0; v < NV; v++) {
+            uint8_t *q = p + v * sp;
+            float *sw = (float *)(q + (int64_t)K * L), *mw = sw + (int64_t)G * L;
+            const int r0 = n + L * v;
+            if (r0 >= n + nb || r0 >= src->N) {
+                memset(q, 0, (size_t)sp);
+                continue;
+            }
+            const uint8_t *pan = src->P + (int64_t)(r0 / 16) * NB * BB;
+            for (int b = 0; b < NB; b++)
+                for (int h = L == 16 ? 0 : (r0 / 8) & 1; h < (L == 16 ? 2 : ((r0 / 8) & 1) + 1); h++)
+                    pg_q8p_expand_y(src->F, pan + (int64_t)b * BB, h, L, L == 16 ? 8 * h : 0, (int64_t)b * f->block / 4,
+                                    b * gpb, q, sw, mw);
+        }
+        return;
+    }
     for (int r = 0; r < L * NV; r++) {
         uint8_t *q = p + (r / L) * sp;
         float *sw = (float *)(q + (int64_t)K * L), *mw = sw + (int64_t)G * L;
         const int l = r % L;
         if (r < nb) {
-            f->unpack_avx2(W + (int64_t)(n + r) * wrb, 0, K, row, rs, rm, 1);
+            f->unpack_avx2(src->W + (int64_t)(n + r) * src->wrb, 0, K, row, rs, rm, 1);
         } else {
             memset(row, 0, (size_t)K);
             memset(rs, 0, (size_t)G * sizeof(float));
@@ -41,20 +71,6 @@ static void pg_q8a_pack(const pg_q8a_fmt *f, const uint8_t *W, int64_t wrb, int 
         }
     }
 }
-
-/* The group's sum of activations: groups of 16 (GS_) or 32. */
-#define PG_Q8A_SUMS(GS_, s, g) ((GS_) == 16 ? (s)[g] : (s)[2 * (g)] + (s)[2 * (g) + 1])
-
-/* The activation rows m0 .. m0 + MR_ - 1 of a: qa[i], da[i], s16[i]. */
-#define PG_Q8A_ROWS(MR_)                                                                       \
-    const int8_t *qa[MR_];                                                                     \
-    const float *da[MR_];                                                                      \
-    const int32_t *s16[MR_];                                                                   \
-    PG_UNROLL for (int i = 0; i < MR_; i++) {                                                  \
-        qa[i] = a->qa + (int64_t)(m0 + i) * K;                                                 \
-        da[i] = a->da + (int64_t)(m0 + i) * (K / 32);                                          \
-        s16[i] = a->s16 + (int64_t)(m0 + i) * (K / 16);                                        \
-    }
 
 /* AVX-512 VNNI tile: MR_ rows of A x 2 sub-panels of 16 rows of W, for a format of kind KIND_
  * (PG_Q8A_*) and groups of GS_ (constants); off: the offset kind's offset, 128 when signed. */
@@ -158,8 +174,9 @@ typedef void (*pg_q8a_tile_fn)(int, int, const uint8_t *, const pg_q8a *, int, f
 /* Columns [n0, n1) of C for M rows of A: panels of 32 (16) rows of W, packed once and
  * run against every row block of A (the panel, K * 32 bytes, stays in L2). Returns 0 or -1
  * when out of memory. */
-static int pg_q8a_tiled(int level, const pg_q8a_fmt *f, int M, int n0, int n1, const pg_q8a *a, const uint8_t *W,
-                        int64_t wrb, float *C, int64_t ldc) {
+static int pg_q8a_tiled(int level, const pg_q8a_src *src, int M, int n0, int n1, const pg_q8a *a, float *C,
+                        int64_t ldc) {
+    const pg_q8a_fmt *f = src->f;
     const int K = a->K, L = level == 2 ? 16 : 8, NV = level == 2 ? 2 : 1, P = L * NV;
     const int G = K / f->group;
     const int64_t panel = pg_q8a_subpanel_bytes(K, G, L) * NV;
@@ -179,7 +196,7 @@ static int pg_q8a_tiled(int level, const pg_q8a_fmt *f, int M, int n0, int n1, c
     const pg_q8a_tile_fn *fn = level == 2 ? tz[fi] : ty[fi];
     for (int n = n0; n < n1; n += P) {
         const int nb = pg_min(P, n1 - n);
-        pg_q8a_pack(f, W, wrb, n, nb, K, L, NV, buf, row, rs, rm);
+        pg_q8a_pack(src, n, nb, K, L, NV, buf, row, rs, rm);
         for (int m = 0; m < M;) {
             const int mr = M - m >= PG_Q8A_MR ? PG_Q8A_MR : 1;
             float *c = C + (int64_t)m * ldc + n;

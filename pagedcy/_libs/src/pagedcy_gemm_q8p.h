@@ -1,0 +1,526 @@
+/* GGUF block weights repacked once, at load, into panels of 16 rows for the int8-activation
+ * GEMM (pagedcy_gemm_q8a.h's definition: the same integer sums and float chain, so the same
+ * bits as its scalar reference for any M, path, thread split or SIMD level).
+ *
+ * Why: read as the file stores it, a GEMV over 16 rows keeps one partial-sum vector per row
+ * and transpose-reduces them for every group, and gathers each row's scales: about 3.7
+ * vector ops per 32 weights, which on 2 cores left decode at ~60% of the read bandwidth
+ * (llama-3.2-1b Q4_K_M, AMD EPYC Zen 4). In a panel the 16 rows sit in the 16 int32 lanes of
+ * one vector: 4 consecutive k of every row are 64 bytes, one vpdpbusd (AVX-512 VNNI) or
+ * vpmaddubsw + vpmaddwd (AVX2, two halves of 8 rows) against a broadcast of 4 activations
+ * sums them for all 16 rows, and the group's sums are already lanes over rows (no reduction).
+ * llama.cpp repacks its Q4_0 / Q4_K weights for the same reason (block_q4_Kx8).
+ *
+ * Layout (the same on every instruction set): weight [N, K] -> ceil(N / 16) panels of 16 rows
+ * (rows past N are zero blocks), one after another; panel p is K / block records of 16 *
+ * block_bytes bytes (the size of the 16 rows' blocks in the file), record b holding block b of
+ * rows 16p .. 16p + 15. "Vector v" of a group of 32 k is 64 bytes: byte 4 l + i is row l's
+ * quant at k = 4 v + i (v = 0..7). Nibble formats store vectors 2j and 2j + 1 as the low and
+ * high nibbles of one 64-byte "pair" j. Per record:
+ *   Q8_0 (544 B): d f16 [16] | 8 vectors of the signed quants
+ *   Q5_0 (352 B): d f16 [16] | 4 pairs (quants & 15) | 8 u64 masks, bit 4 l + i of mask v =
+ *                 bit 4 of vector v's byte 4 l + i
+ *   Q4_K (2304 B): 16 dwords of each row's block bytes 0-3 (d | dmin), 4-7, 8-11, 12-15 (the
+ *                 packed 6-bit scales and mins, as stored) | per group g of 8: 4 pairs
+ *   Q6_K (3360 B): d f16 [16] | scales int8 [16 groups of 16][16 rows] | per group g of 8
+ *                 (32 k, two scale groups): 4 pairs (quants & 15) | 2 vectors H_h, bits
+ *                 2t..2t+1 of byte i = bits 4-5 of vector 4h + t's byte i
+ * A panel is 16 row_bytes: no bigger than the file's rows. Every field keeps the file's bits,
+ * so a row comes back exactly (pg_q8p_row).
+ */
+/* Included by pagedcy_gemm_q8a.h (and, through this, it includes that first) */
+#include "pagedcy_gemm_q8a.h"
+#ifndef PAGEDCY_GEMM_Q8P_H
+#define PAGEDCY_GEMM_Q8P_H
+
+#define PG_Q8P_R 16
+
+/* 32-element groups of a block, and where group gg's quants start in a record */
+static inline int pg_q8p_groups(int F) { return F == PQ_Q4_K || F == PQ_Q6_K ? 8 : 1; }
+static inline int pg_q8p_gq(int F, int gg) {
+    return F == PQ_Q4_K ? 256 + 256 * gg : F == PQ_Q6_K ? 288 + 384 * gg : 32;
+}
+
+/* ---- repacking (plain C, once at load) and a row back as the file stores it ---- */
+
+/* Record of block b of rows n .. n + 15 (rows at or past N: zero) from raw rows W. q: one
+ * block of scratch bytes (its quants in k order), sw / mw: the unpacker's scale scratch. */
+static void pg_q8p_pack_record(const pg_q8a_fmt *f, int F, const uint8_t *W, int64_t wrb, int N, int n, int b,
+                               uint8_t *rec, uint8_t *q, float *sw, float *mw) {
+    const int bs = f->block, BB = f->block_bytes, G = pg_q8p_groups(F);
+    memset(rec, 0, (size_t)16 * BB);
+    for (int l = 0; l < 16 && n + l < N; l++) {
+        const uint8_t *src = W + (int64_t)(n + l) * wrb + (int64_t)b * BB;
+        f->unpack(W + (int64_t)(n + l) * wrb, b * bs, bs, q, sw, mw, 1);
+        if (F == PQ_Q4_K) for (int w = 0; w < 4; w++) memcpy(rec + 64 * w + 4 * l, src + 4 * w, 4);
+        else memcpy(rec + 2 * l, src + (F == PQ_Q6_K ? 208 : 0), 2);
+        if (F == PQ_Q6_K) for (int s = 0; s < 16; s++) rec[32 + 16 * s + l] = src[192 + s];
+        for (int gg = 0; gg < G; gg++) {
+            uint8_t *gq = rec + pg_q8p_gq(F, gg);
+            for (int v = 0; v < 8; v++)
+                for (int i = 0; i < 4; i++) {
+                    const uint8_t x = q[32 * gg + 4 * v + i];
+                    const int byte = 4 * l + i;
+                    if (F == PQ_Q8_0) { gq[64 * v + byte] = x; continue; }
+                    gq[64 * (v >> 1) + byte] |= (uint8_t)((x & 15) << (4 * (v & 1)));
+                    if (F == PQ_Q5_0) gq[256 + 8 * v + byte / 8] |= (uint8_t)(((x >> 4) & 1) << (byte % 8));
+                    if (F == PQ_Q6_K) gq[256 + 64 * (v >> 2) + byte] |= (uint8_t)((x >> 4) << (2 * (v & 3)));
+                }
+        }
+    }
+}
+
+/* Row n of a panel weight (panels at P, K values a row) as the file stored it: row_bytes at
+ * out. */
+static void pg_q8p_row(const pg_q8a_fmt *f, int F, const uint8_t *P, int K, int64_t n, uint8_t *out) {
+    const int bs = f->block, BB = f->block_bytes, NB = K / bs, G = pg_q8p_groups(F), l = (int)(n % 16);
+    const uint8_t *panel = P + n / 16 * 16 * (int64_t)NB * BB;
+    for (int b = 0; b < NB; b++) {
+        const uint8_t *rec = panel + (int64_t)b * 16 * BB;
+        uint8_t *dst = out + (int64_t)b * BB;
+        uint8_t q[256];
+        memset(dst, 0, (size_t)BB);
+        for (int gg = 0; gg < G; gg++) {
+            const uint8_t *gq = rec + pg_q8p_gq(F, gg);
+            for (int v = 0; v < 8; v++)
+                for (int i = 0; i < 4; i++) {
+                    const int byte = 4 * l + i;
+                    uint8_t x;
+                    if (F == PQ_Q8_0) x = gq[64 * v + byte];
+                    else x = (gq[64 * (v >> 1) + byte] >> (4 * (v & 1))) & 15;
+                    if (F == PQ_Q5_0) x |= (uint8_t)(((gq[256 + 8 * v + byte / 8] >> (byte % 8)) & 1) << 4);
+                    if (F == PQ_Q6_K) x |= (uint8_t)(((gq[256 + 64 * (v >> 2) + byte] >> (2 * (v & 3))) & 3) << 4);
+                    q[32 * gg + 4 * v + i] = x;
+                }
+        }
+        /* q (k order) back into the block's encoding: the inverse of pagedcy_gemm_q8a_unpack.h */
+        if (F == PQ_Q8_0) {
+            memcpy(dst, rec + 2 * l, 2);
+            memcpy(dst + 2, q, 32);
+        } else if (F == PQ_Q5_0) {
+            uint32_t qh = 0;
+            memcpy(dst, rec + 2 * l, 2);
+            for (int j = 0; j < 16; j++) {
+                dst[6 + j] = (uint8_t)((q[j] & 15) | (q[j + 16] & 15) << 4);
+                qh |= (uint32_t)(q[j] >> 4) << j | (uint32_t)(q[j + 16] >> 4) << (j + 16);
+            }
+            memcpy(dst + 2, &qh, 4);
+        } else if (F == PQ_Q4_K) {
+            for (int w = 0; w < 4; w++) memcpy(dst + 4 * w, rec + 64 * w + 4 * l, 4);
+            for (int c = 0; c < 4; c++)
+                for (int j = 0; j < 32; j++) dst[16 + 32 * c + j] = (uint8_t)(q[64 * c + j] | q[64 * c + 32 + j] << 4);
+        } else {   /* Q6_K: half h, element 32 t + j: nibble t >> 1 of ql[j + 32 (t & 1)], bits 2t of qh[j] */
+            memcpy(dst + 208, rec + 2 * l, 2);
+            for (int s = 0; s < 16; s++) dst[192 + s] = rec[32 + 16 * s + l];
+            for (int h = 0; h < 2; h++)
+                for (int t = 0; t < 4; t++)
+                    for (int j = 0; j < 32; j++) {
+                        const uint8_t x = q[128 * h + 32 * t + j];
+                        dst[64 * h + j + 32 * (t & 1)] |= (uint8_t)((x & 15) << (4 * (t >> 1)));
+                        dst[128 + 32 * h + j] |= (uint8_t)((x >> 4) << (2 * t));
+                    }
+        }
+    }
+}
+
+/* Rows ids[0 .. count) of a panel weight of type F (K values a row) as the file stored them,
+ * row_bytes apart at out (ids checked by the caller). */
+static void pagedcy_q8p_rows(int F, const uint8_t *P, int K, const int64_t *ids, int count, uint8_t *out) {
+    const pg_q8a_fmt *f = pg_q8a_format(F);
+    const int64_t rb = (int64_t)K / f->block * f->block_bytes;
+    for (int i = 0; i < count; i++) pg_q8p_row(f, F, P, K, ids[i], out + i * rb);
+}
+
+/* Rows [0, N) of raw rows W (row_bytes wrb, K values) into panels at P (ceil(N / 16) * 16 *
+ * wrb bytes). Returns 0, -1 out of memory, -3 for a type without int8 kernels. */
+static int pagedcy_q8p_repack(int F, const uint8_t *W, int64_t wrb, int N, int K, uint8_t *P) {
+    const pg_q8a_fmt *f = pg_q8a_format(F);
+    if (!f || K % f->block) return -3;
+    uint8_t *q = (uint8_t *)malloc((size_t)f->block + 2 * 16 * sizeof(float));
+    if (!q) return -1;
+    float *sw = (float *)(q + f->block), *mw = sw + 16;
+    const int NB = K / f->block, rec = 16 * f->block_bytes;
+    for (int n = 0; n < N; n += 16)
+        for (int b = 0; b < NB; b++)
+            pg_q8p_pack_record(f, F, W, wrb, N, n, b, P + ((int64_t)(n / 16) * NB + b) * rec, q, sw, mw);
+    free(q);
+    return 0;
+}
+
+#if PG_HAVE_SIMD
+/* ---- AVX2: the quants of a group as bytes, for half h (rows 8h .. 8h + 7) ---- */
+
+/* 32 bytes, 0x10 where bit i of m is set (llama.cpp's bytes_from_bits_32) */
+PG_AVX2_INLINE __m256i pg_q8p_bits16_y(uint32_t m) {
+    const __m256i sh = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
+    const __m256i b = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)m), sh),
+                                      _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(16));
+}
+
+/* Q6_K: bits 4-5 of vector 4h + t from the high-bit vector H (bits 2t..2t+1 of each byte) */
+#define PG_Q8P_Q6HI(P, S, H, t, m30)                                                              \
+    ((t) == 0 ? P##_and_##S(P##_slli_epi16(H, 4), m30) : (t) == 1 ? P##_and_##S(P##_slli_epi16(H, 2), m30) \
+     : (t) == 2 ? P##_and_##S(H, m30) : P##_and_##S(P##_srli_epi16(H, 2), m30))
+
+/* Vectors 2j and 2j + 1 of the group whose quants start at gq: the format's quant bytes
+ * (Q8_0 signed, the others 0..15 / 0..31 / 0..63). */
+PG_AVX2_INLINE void pg_q8p_pair_y(const int F, const uint8_t *gq, int j, int h, __m256i *u0, __m256i *u1) {
+    if (F == PQ_Q8_0) {
+        *u0 = _mm256_loadu_si256((const __m256i *)(gq + 128 * j + 32 * h));
+        *u1 = _mm256_loadu_si256((const __m256i *)(gq + 128 * j + 64 + 32 * h));
+        return;
+    }
+    const __m256i m4 = _mm256_set1_epi8(15), z = _mm256_loadu_si256((const __m256i *)(gq + 64 * j + 32 * h));
+    __m256i a = _mm256_and_si256(z, m4), b = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
+    if (F == PQ_Q5_0) {
+        uint32_t m0, m1;
+        memcpy(&m0, gq + 256 + 16 * j + 4 * h, 4);
+        memcpy(&m1, gq + 256 + 16 * j + 8 + 4 * h, 4);
+        a = _mm256_or_si256(a, pg_q8p_bits16_y(m0));
+        b = _mm256_or_si256(b, pg_q8p_bits16_y(m1));
+    } else if (F == PQ_Q6_K) {
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        const __m256i H = _mm256_loadu_si256((const __m256i *)(gq + 256 + 64 * (j >> 1) + 32 * h));
+        a = _mm256_or_si256(a, PG_Q8P_Q6HI(_mm256, si256, H, 2 * (j & 1), m30));
+        b = _mm256_or_si256(b, PG_Q8P_Q6HI(_mm256, si256, H, 2 * (j & 1) + 1, m30));
+    }
+    *u0 = a;
+    *u1 = b;
+}
+
+/* Q4_K's group gg scales sw = d * sc and mins mw = (-dmin) * mn, rows in lanes (P _mm256 /
+ * _mm512, S si256 / si512), from the dwords Q0, Q1, Q2 (block bytes 4-15) and d / ndm. */
+#define PG_Q8P_K4(P, S, V, Q0, Q1, Q2, d, ndm, gg, sw, mw)                                               \
+    do {                                                                                                 \
+        const int j_ = (gg) & 3;                                                                         \
+        const V m63_ = P##_set1_epi32(63), m15_ = P##_set1_epi32(15), m3_ = P##_set1_epi32(3);           \
+        V sc_, mn_;                                                                                      \
+        if ((gg) < 4) {                                                                                  \
+            sc_ = P##_and_##S(P##_srli_epi32(Q0, 8 * j_), m63_);                                         \
+            mn_ = P##_and_##S(P##_srli_epi32(Q1, 8 * j_), m63_);                                         \
+        } else {                                                                                         \
+            sc_ = P##_or_##S(P##_and_##S(P##_srli_epi32(Q2, 8 * j_), m15_),                              \
+                             P##_slli_epi32(P##_and_##S(P##_srli_epi32(Q0, 8 * j_ + 6), m3_), 4));       \
+            mn_ = P##_or_##S(P##_and_##S(P##_srli_epi32(Q2, 8 * j_ + 4), m15_),                          \
+                             P##_slli_epi32(P##_and_##S(P##_srli_epi32(Q1, 8 * j_ + 6), m3_), 4));       \
+        }                                                                                                \
+        sw = P##_mul_ps(d, P##_cvtepi32_ps(sc_));                                                        \
+        mw = P##_mul_ps(ndm, P##_cvtepi32_ps(mn_));                                                      \
+    } while (0)
+
+/* Half h's per-record scale state: Q4_K's d / ndm and scale dwords, the others' d. */
+typedef struct { __m256 d, ndm; __m256i Q0, Q1, Q2; } pg_q8p_sc_y;
+
+PG_AVX2_INLINE pg_q8p_sc_y pg_q8p_scales_y(const int F, const uint8_t *rec, int h) {
+    pg_q8p_sc_y s;
+    if (F == PQ_Q4_K) {
+        const __m256i D = _mm256_loadu_si256((const __m256i *)(rec + 32 * h));
+        s.d = pg_q8a_h2f_y(D);
+        s.ndm = _mm256_sub_ps(_mm256_setzero_ps(), pg_q8a_h2f_y(_mm256_srli_epi32(D, 16)));
+        s.Q0 = _mm256_loadu_si256((const __m256i *)(rec + 64 + 32 * h));
+        s.Q1 = _mm256_loadu_si256((const __m256i *)(rec + 128 + 32 * h));
+        s.Q2 = _mm256_loadu_si256((const __m256i *)(rec + 192 + 32 * h));
+    } else {
+        s.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * h)));
+        s.ndm = s.d;
+        s.Q0 = s.Q1 = s.Q2 = _mm256_setzero_si256();
+    }
+    return s;
+}
+
+/* Scale of group gg (scale group sub of a Q6_K group) and Q4_K's min, half h */
+PG_AVX2_INLINE __m256 pg_q8p_sw_y(const int F, const pg_q8p_sc_y *s, const uint8_t *rec, int gg, int sub, int h,
+                                  __m256 *mw) {
+    __m256 sw = s->d;
+    *mw = _mm256_setzero_ps();
+    if (F == PQ_Q4_K) PG_Q8P_K4(_mm256, si256, __m256i, s->Q0, s->Q1, s->Q2, s->d, s->ndm, gg, sw, *mw);
+    if (F == PQ_Q6_K) {
+        const __m128i sc = _mm_loadl_epi64((const __m128i *)(rec + 32 + 16 * (2 * gg + sub) + 8 * h));
+        sw = _mm256_mul_ps(s->d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+    }
+    return sw;
+}
+
+/* Rows of a record (half h) into the packed tile's sub-panel of L = 8 (q [K/4][8][4] bytes,
+ * sw / mw [groups][8]) or, twice, of L = 16 (lane offset 8 h): k4 the record's first k / 4, g0
+ * its first scale group. */
+PG_AVX2 static void pg_q8p_expand_y(const int F, const uint8_t *rec, int h, int L, int lo, int64_t k4, int g0,
+                                    uint8_t *q, float *sw, float *mw) {
+    const pg_q8p_sc_y s = pg_q8p_scales_y(F, rec, h);
+    const int G = pg_q8p_groups(F), subs = F == PQ_Q6_K ? 2 : 1;
+    for (int gg = 0; gg < G; gg++) {
+        const uint8_t *gq = rec + pg_q8p_gq(F, gg);
+        for (int j = 0; j < 4; j++) {
+            __m256i u0, u1;
+            pg_q8p_pair_y(F, gq, j, h, &u0, &u1);
+            _mm256_storeu_si256((__m256i *)(q + ((k4 + 8 * gg + 2 * j) * L + lo) * 4), u0);
+            _mm256_storeu_si256((__m256i *)(q + ((k4 + 8 * gg + 2 * j + 1) * L + lo) * 4), u1);
+        }
+        for (int sub = 0; sub < subs; sub++) {
+            __m256 m;
+            const __m256 w = pg_q8p_sw_y(F, &s, rec, gg, sub, h, &m);
+            const int64_t g = g0 + subs * gg + sub;
+            _mm256_storeu_ps(sw + g * L + lo, w);
+            _mm256_storeu_ps(mw + g * L + lo, m);
+        }
+    }
+}
+
+/* u8 x s8 sums of 4 into int32 lanes (vpmaddubsw pairs stay exact: see pagedcy_gemm_q8a.h);
+ * Q8_0's signed quants as |q| x (a with q's sign). */
+PG_AVX2_INLINE __m256i pg_q8p_dot_y(const int F, __m256i acc, __m256i u, __m256i ab) {
+    if (F == PQ_Q8_0) return _mm256_add_epi32(acc, pg_q8a_dot_y(_mm256_sign_epi8(u, u), _mm256_sign_epi8(ab, u)));
+    return _mm256_add_epi32(acc, pg_q8a_dot_y(u, ab));
+}
+
+PG_AVX2_INLINE __m256i pg_q8p_bcast_y(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* The group's float chain for MR_ rows of A (see pagedcy_gemm_q8a.h): I the integer sums,
+ * S the group's sums of activations */
+#define PG_Q8P_LINK(P, F, acc, sw, mw, dav, Iv_, S)                                                 \
+    do {                                                                                        \
+        const int off_ = (F) == PQ_Q5_0 ? 16 : (F) == PQ_Q6_K ? 32 : (F) == PQ_Q8_0 && (P##_LINK_SIGNED) ? 128 : 0; \
+        const __typeof__(Iv_) Ic_ = off_ ? P##_sub_epi32(Iv_, P##_set1_epi32(off_ * (S))) : (Iv_);       \
+        acc = P##_fmadd_ps(P##_mul_ps(sw, dav), P##_cvtepi32_ps(Ic_), acc);                       \
+        if ((F) == PQ_Q4_K) acc = P##_fmadd_ps(P##_mul_ps(mw, dav), P##_set1_ps((float)(S)), acc); \
+    } while (0)
+#define _mm256_LINK_SIGNED 0   /* AVX2 sums Q8_0's signed quants directly */
+#define _mm512_LINK_SIGNED 1   /* AVX-512 sums q + 128 (vpdpbusd is u8 x s8) */
+
+/* Bytes ahead of the record being read that the decode kernels prefetch (one linear stream:
+ * a thread's panels are consecutive). */
+#ifndef PG_Q8P_PFD
+#define PG_Q8P_PFD 1024
+#endif
+#ifdef PG_Q8P_TUNE
+static int pg_q8p_pfd = PG_Q8P_PFD, pg_q8p_loc = PG_Q8A_PFLOC;
+#define PG_Q8P_PF(p) do { if (pg_q8p_loc == 3) __builtin_prefetch((p) + pg_q8p_pfd, 0, 3); \
+    else if (pg_q8p_loc == 2) __builtin_prefetch((p) + pg_q8p_pfd, 0, 2); \
+    else if (pg_q8p_loc == 1) __builtin_prefetch((p) + pg_q8p_pfd, 0, 1); } while (0)
+static void pg_q8p_tune(int pfd, int loc) { pg_q8p_pfd = pfd; pg_q8p_loc = loc; }
+#else
+#define PG_Q8P_PF(p) __builtin_prefetch((p) + PG_Q8P_PFD, 0, PG_Q8A_PFLOC)
+static void pg_q8p_tune(int pfd, int loc) { (void)pfd; (void)loc; }
+#endif
+
+/* AVX2 decode kernel: MR_ rows of A (m0 ..) x one panel (16 rows, two halves of 8), nv of
+ * its rows kept (the last panel may be partial). */
+#define PG_Q8P_KERN_Y(NAME, F, MR_)                                                                        \
+    PG_AVX2 static void NAME(const uint8_t *pan, int NB, const pg_q8a *a, int m0, float *C, int64_t ldc,  \
+                             int nv) {                                                                    \
+        const int K = a->K, BB = 16 * pg_q8a_format(F)->block_bytes, G = pg_q8p_groups(F);                 \
+        PG_Q8A_ROWS(MR_)                                                                                  \
+        for (int h = 0; h < 2; h++) {                                                                     \
+            __m256 acc[MR_];                                                                              \
+            PG_UNROLL for (int i = 0; i < MR_; i++) acc[i] = _mm256_setzero_ps();                         \
+            for (int b = 0; b < NB; b++) {                                                                \
+                const uint8_t *rec = pan + (int64_t)b * BB;                                               \
+                if (h == 0) PG_Q8P_PF(rec);                        \
+                const pg_q8p_sc_y s = pg_q8p_scales_y(F, rec, h);                                          \
+                for (int gg = 0; gg < G; gg++) {                                                          \
+                    const uint8_t *gq = rec + pg_q8p_gq(F, gg);                                           \
+                    const int g = b * G + gg;                                                             \
+                    if (h == 0) for (int l = 64; l < BB / G; l += 64) PG_Q8P_PF(gq + l); \
+                    __m256i Is[MR_];                                                                       \
+                    PG_UNROLL for (int i = 0; i < MR_; i++) Is[i] = _mm256_setzero_si256();                \
+                    PG_UNROLL for (int j = 0; j < 4; j++) {                                               \
+                        __m256i u0, u1;                                                                   \
+                        pg_q8p_pair_y(F, gq, j, h, &u0, &u1);                                             \
+                        PG_UNROLL for (int i = 0; i < MR_; i++) {                                         \
+                            Is[i] = pg_q8p_dot_y(F, Is[i], u0, pg_q8p_bcast_y(qa[i] + 32 * g + 8 * j));     \
+                            Is[i] = pg_q8p_dot_y(F, Is[i], u1, pg_q8p_bcast_y(qa[i] + 32 * g + 8 * j + 4)); \
+                        }                                                                                 \
+                        if ((F) == PQ_Q6_K && (j == 1 || j == 3)) {     /* a scale group of 16 ends */   \
+                            __m256 mw;                                                                    \
+                            const __m256 sw = pg_q8p_sw_y(F, &s, rec, gg, j >> 1, h, &mw);                \
+                            PG_UNROLL for (int i = 0; i < MR_; i++) {                                     \
+                                PG_Q8P_LINK(_mm256, F, acc[i], sw, mw, _mm256_set1_ps(da[i][g]), Is[i], s16[i][2 * g + (j >> 1)]); \
+                                Is[i] = _mm256_setzero_si256();                                            \
+                            }                                                                             \
+                        }                                                                                 \
+                    }                                                                                     \
+                    if ((F) != PQ_Q6_K) {                                                                 \
+                        __m256 mw;                                                                        \
+                        const __m256 sw = pg_q8p_sw_y(F, &s, rec, gg, 0, h, &mw);                         \
+                        PG_UNROLL for (int i = 0; i < MR_; i++)                                           \
+                            PG_Q8P_LINK(_mm256, F, acc[i], sw, mw, _mm256_set1_ps(da[i][g]), Is[i],        \
+                                        s16[i][2 * g] + s16[i][2 * g + 1]);                               \
+                    }                                                                                     \
+                }                                                                                         \
+            }                                                                                             \
+            PG_UNROLL for (int i = 0; i < MR_; i++) pg_q8p_store_y(C + (int64_t)i * ldc + 8 * h, acc[i], nv - 8 * h); \
+        }                                                                                                 \
+    }
+
+PG_AVX2_INLINE void pg_q8p_store_y(float *c, __m256 v, int n) {
+    if (n >= 8) _mm256_storeu_ps(c, v);
+    else if (n > 0) _mm256_maskstore_ps(c, pg_mask8(n), v);
+}
+
+#define PG_Q8P_FORMATS(T, ISA, MR)                                                                   \
+    T(pg_q8p_kern_##ISA##_q4k_##MR, PQ_Q4_K, MR) T(pg_q8p_kern_##ISA##_q6k_##MR, PQ_Q6_K, MR)        \
+    T(pg_q8p_kern_##ISA##_q8_0_##MR, PQ_Q8_0, MR) T(pg_q8p_kern_##ISA##_q5_0_##MR, PQ_Q5_0, MR)
+#define PG_Q8P_MRS(T, ISA) PG_Q8P_FORMATS(T, ISA, 1) PG_Q8P_FORMATS(T, ISA, 2) PG_Q8P_FORMATS(T, ISA, 3) \
+    PG_Q8P_FORMATS(T, ISA, 4)
+PG_Q8P_MRS(PG_Q8P_KERN_Y, avx2)
+
+/* ---- AVX-512 VNNI: all 16 rows of a panel in one vector ---- */
+PG_AVX512_INLINE void pg_q8p_pair_z(const int F, const uint8_t *gq, int j, __m512i *u0, __m512i *u1) {
+    if (F == PQ_Q8_0) {      /* q ^ 0x80 = q + 128 as unsigned (the link takes 128 S off) */
+        const __m512i x80 = _mm512_set1_epi8((char)0x80);
+        *u0 = _mm512_xor_si512(_mm512_loadu_si512(gq + 128 * j), x80);
+        *u1 = _mm512_xor_si512(_mm512_loadu_si512(gq + 128 * j + 64), x80);
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(15), z = _mm512_loadu_si512(gq + 64 * j);
+    __m512i a = _mm512_and_si512(z, m4), b = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+    if (F == PQ_Q5_0) {
+        uint64_t m0, m1;
+        memcpy(&m0, gq + 256 + 16 * j, 8);
+        memcpy(&m1, gq + 256 + 16 * j + 8, 8);
+        a = _mm512_mask_add_epi8(a, _cvtu64_mask64(m0), a, _mm512_set1_epi8(16));
+        b = _mm512_mask_add_epi8(b, _cvtu64_mask64(m1), b, _mm512_set1_epi8(16));
+    } else if (F == PQ_Q6_K) {
+        const __m512i m30 = _mm512_set1_epi8(0x30), H = _mm512_loadu_si512(gq + 256 + 64 * (j >> 1));
+        a = _mm512_or_si512(a, PG_Q8P_Q6HI(_mm512, si512, H, 2 * (j & 1), m30));
+        b = _mm512_or_si512(b, PG_Q8P_Q6HI(_mm512, si512, H, 2 * (j & 1) + 1, m30));
+    }
+    *u0 = a;
+    *u1 = b;
+}
+
+#define PG_Q8P_KERN_Z(NAME, F, MR_)                                                                        \
+    PG_VNNI static void NAME(const uint8_t *pan, int NB, const pg_q8a *a, int m0, float *C, int64_t ldc,  \
+                             int nv) {                                                                    \
+        const int K = a->K, BB = 16 * pg_q8a_format(F)->block_bytes, G = pg_q8p_groups(F);                 \
+        PG_Q8A_ROWS(MR_)                                                                                  \
+        __m512 acc[MR_];                                                                                  \
+        PG_UNROLL for (int i = 0; i < MR_; i++) acc[i] = _mm512_setzero_ps();                             \
+        for (int b = 0; b < NB; b++) {                                                                    \
+            const uint8_t *rec = pan + (int64_t)b * BB;                                                   \
+            __m512 d, ndm = _mm512_setzero_ps();                                                          \
+            __m512i Q0 = _mm512_setzero_si512(), Q1 = Q0, Q2 = Q0;                                        \
+            if ((F) == PQ_Q4_K) {                                                                         \
+                const __m512i D = _mm512_loadu_si512(rec);                                                \
+                d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D));                                            \
+                ndm = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(D, 16)))); \
+                Q0 = _mm512_loadu_si512(rec + 64);                                                        \
+                Q1 = _mm512_loadu_si512(rec + 128);                                                       \
+                Q2 = _mm512_loadu_si512(rec + 192);                                                       \
+            } else {                                                                                      \
+                d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));                            \
+            }                                                                                             \
+            for (int gg = 0; gg < G; gg++) {                                                              \
+                const uint8_t *gq = rec + pg_q8p_gq(F, gg);                                               \
+                const int g = b * G + gg;                                                                 \
+                for (int l = 0; l < BB / G; l += 64) PG_Q8P_PF(gq + l); \
+                __m512i Is[MR_];                                                                           \
+                PG_UNROLL for (int i = 0; i < MR_; i++) Is[i] = _mm512_setzero_si512();                    \
+                PG_UNROLL for (int j = 0; j < 4; j++) {                                                   \
+                    __m512i u0, u1;                                                                       \
+                    pg_q8p_pair_z(F, gq, j, &u0, &u1);                                                    \
+                    PG_UNROLL for (int i = 0; i < MR_; i++) {                                             \
+                        int32_t a0, a1;                                                                   \
+                        memcpy(&a0, qa[i] + 32 * g + 8 * j, 4);                                           \
+                        memcpy(&a1, qa[i] + 32 * g + 8 * j + 4, 4);                                       \
+                        Is[i] = _mm512_dpbusd_epi32(Is[i], u0, _mm512_set1_epi32(a0));                      \
+                        Is[i] = _mm512_dpbusd_epi32(Is[i], u1, _mm512_set1_epi32(a1));                      \
+                    }                                                                                     \
+                    if ((F) == PQ_Q6_K && (j == 1 || j == 3)) {                                           \
+                        const __m128i sc = _mm_loadu_si128((const __m128i *)(rec + 32 + 16 * (2 * gg + (j >> 1)))); \
+                        const __m512 sw = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));  \
+                        PG_UNROLL for (int i = 0; i < MR_; i++) {                                         \
+                            PG_Q8P_LINK(_mm512, F, acc[i], sw, sw, _mm512_set1_ps(da[i][g]), Is[i], s16[i][2 * g + (j >> 1)]); \
+                            Is[i] = _mm512_setzero_si512();                                                \
+                        }                                                                                 \
+                    }                                                                                     \
+                }                                                                                         \
+                if ((F) != PQ_Q6_K) {                                                                     \
+                    __m512 sw = d, mw = ndm;                                                              \
+                    if ((F) == PQ_Q4_K) PG_Q8P_K4(_mm512, si512, __m512i, Q0, Q1, Q2, d, ndm, gg, sw, mw); \
+                    PG_UNROLL for (int i = 0; i < MR_; i++)                                               \
+                        PG_Q8P_LINK(_mm512, F, acc[i], sw, mw, _mm512_set1_ps(da[i][g]), Is[i],            \
+                                    s16[i][2 * g] + s16[i][2 * g + 1]);                                   \
+                }                                                                                         \
+            }                                                                                             \
+        }                                                                                                 \
+        const __mmask16 keep = nv >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nv) - 1);               \
+        PG_UNROLL for (int i = 0; i < MR_; i++) _mm512_mask_storeu_ps(C + (int64_t)i * ldc, keep, acc[i]); \
+    }
+PG_Q8P_MRS(PG_Q8P_KERN_Z, avx512)
+
+typedef void (*pg_q8p_kern_fn)(const uint8_t *, int, const pg_q8a *, int, float *, int64_t, int);
+
+static pg_q8p_kern_fn pg_q8p_kernel(int level, int F, int mr) {
+#define PG_Q8P_PICK(ISA)                                                                         \
+    {{pg_q8p_kern_##ISA##_q4k_1, pg_q8p_kern_##ISA##_q4k_2, pg_q8p_kern_##ISA##_q4k_3, pg_q8p_kern_##ISA##_q4k_4}, \
+     {pg_q8p_kern_##ISA##_q6k_1, pg_q8p_kern_##ISA##_q6k_2, pg_q8p_kern_##ISA##_q6k_3, pg_q8p_kern_##ISA##_q6k_4}, \
+     {pg_q8p_kern_##ISA##_q8_0_1, pg_q8p_kern_##ISA##_q8_0_2, pg_q8p_kern_##ISA##_q8_0_3, pg_q8p_kern_##ISA##_q8_0_4}, \
+     {pg_q8p_kern_##ISA##_q5_0_1, pg_q8p_kern_##ISA##_q5_0_2, pg_q8p_kern_##ISA##_q5_0_3, pg_q8p_kern_##ISA##_q5_0_4}}
+    static const pg_q8p_kern_fn z[4][4] = PG_Q8P_PICK(avx512), y[4][4] = PG_Q8P_PICK(avx2);
+#undef PG_Q8P_PICK
+    const int fi = F == PQ_Q4_K ? 0 : F == PQ_Q6_K ? 1 : F == PQ_Q8_0 ? 2 : 3;
+    return (level == 2 ? z : y)[fi][mr - 1];
+}
+#endif /* PG_HAVE_SIMD */
+
+#include "pagedcy_gemm_q8a_tile.h"
+
+/* Rows of A per decode-kernel call (the panel is re-read from L1 / L2 for the next MR) */
+#define PG_Q8P_MR 4
+
+/* Panels [p0, p1) of C[M, N] = A @ W^T for a panel weight at P (format F, N rows, K = a->K)
+ * and activations a quantized by pg_q8a_quantize, on the calling thread: columns 16 p0 ..
+ * min(16 p1, N). simd: a PAGEDCY_SIMD_* cap (AVX-512 needs the CPU's VNNI). Few rows run the
+ * decode kernels on the panels; from PG_Q8A_TILE_M rows the panels are expanded into the
+ * packed tile of pagedcy_gemm_q8a_tile.h; the scalar level takes each row back as the file
+ * stored it. Same bits on every path. Returns 0; -1 out of memory; -3 for a type without
+ * these kernels or a K that is not a multiple of its block. */
+static int pagedcy_gemm_q8p(int simd, int F, int M, int p0, int p1, const pg_q8a *a, const uint8_t *P, int N,
+                            float *C, int64_t ldc) {
+    const pg_q8a_fmt *f = pg_q8a_format(F);
+    if (!f || a->K % f->block) return -3;
+    const int K = a->K, NB = K / f->block;
+    const int64_t pan = (int64_t)NB * 16 * f->block_bytes;
+    p1 = pg_min(p1, (N + 15) / 16);
+    if (M <= 0 || p1 <= p0) return 0;
+    int level = 0;
+#if PG_HAVE_SIMD
+    if (simd >= PAGEDCY_SIMD_AVX512 && pagedcy_cpu_has_avx512vnni()) level = 2;
+    else if (simd >= PAGEDCY_SIMD_AVX2 && pagedcy_cpu_has_avx2_fma()) level = 1;
+    if (level && M >= PG_Q8A_TILE_M) {
+        pg_q8a_src src = {f, F, NULL, 0, P, N};
+        return pg_q8a_tiled(level, &src, M, 16 * p0, pg_min(16 * p1, N), a, C, ldc);
+    }
+    if (level) {
+        for (int p = p0; p < p1; p++) {
+            const int nv = pg_min(16, N - 16 * p);
+            for (int m = 0; m < M;) {
+                const int mr = pg_min(PG_Q8P_MR, M - m);
+                pg_q8p_kernel(level, F, mr)(P + p * pan, NB, a, m, C + (int64_t)m * ldc + 16 * p, ldc, nv);
+                m += mr;
+            }
+        }
+        return 0;
+    }
+#else
+    (void)simd;
+#endif
+    uint8_t *row = (uint8_t *)malloc((size_t)NB * f->block_bytes);
+    if (!row) return -1;
+    for (int n = 16 * p0; n < pg_min(16 * p1, N); n++) {
+        pg_q8p_row(f, F, P, K, n, row);
+        for (int m = 0; m < M; m++)
+            C[(int64_t)m * ldc + n] = pg_q8a_dot_scalar(f, row, K, a->qa + (int64_t)m * K, a->da + (int64_t)m * (K / 32),
+                                                        a->s16 + (int64_t)m * (K / 16));
+    }
+    free(row);
+    return 0;
+}
+
+#endif
