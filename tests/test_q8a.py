@@ -1,6 +1,6 @@
 """The int8-activation GEMM (``_gemm.linear_rows_q8``, pagedcy_gemm_q8a.h) on Q4_K, Q6_K and
 Q8_0 weights: the activation quantizer against a NumPy model of its definition (bit for
-bit), every path (GEMV, packed tile, threads, SIMD levels) against the plain C path (bit for
+bit), every path (packed tile, MR tails, threads, SIMD levels) against the plain C path (bit for
 bit), and the result against float64 on gguf's dequantization and the unquantized x within
 the bound the definition gives."""
 import numpy as np
@@ -92,10 +92,10 @@ def test_matches_float64_within_the_stated_bound(m, kb, n, fmt, level, threads, 
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("fmt", sorted(QTYPES))
 def test_every_path_gives_the_plain_c_bits(fmt, level):
-    """One row alone (GEMV), inside batches of every size (GEMV up to 7 rows, packed tile from
-    8, MR tails), over partial panels and row tails (n = 1030), on 1 and 2 threads, at this
-    SIMD level: the same bits as the scalar C path computes the definition. 32-element
-    blocks get an odd count (the GEMVs take them two at a time)."""
+    """One row alone, inside batches of every size (the tile's MR tails), over partial panels
+    and row tails (n = 1030), on 1 and 2 threads, at this SIMD level: the same bits as the
+    scalar C path computes the definition. 32-element blocks get an odd count.
+    (tests/test_q8panel.py holds the panel weights' decode kernels to the same bits.)"""
     rng = np.random.default_rng(5)
     n, k = 1030, 1536 if fmt in ("q4_k", "q6_k") else 1568
     raw, _ = _weights(rng, fmt, n, k)
@@ -116,7 +116,7 @@ def test_every_path_gives_the_plain_c_bits(fmt, level):
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("fmt", sorted(QTYPES))
 def test_extreme_scales_agree_across_paths(fmt, level):
-    """Subnormal, zero and +-65504 fp16 scales: GEMV and tile equal the scalar path (NaN only
+    """Subnormal, zero and +-65504 fp16 scales: the tile equals the scalar path (NaN only
     has to be NaN, inf products included)."""
     rng = np.random.default_rng(9)
     n, k = 48, 512

@@ -9,6 +9,6 @@ cdef extern from "pagedcy_gemm_q8a.h" nogil:
         const int32_t *s16
     void pagedcy_q8p_rows(int F, const uint8_t *P, int K, const int64_t *ids, int count, uint8_t *out)
     void pg_q8p_tune(int pfd, int loc)
-    int pagedcy_q8p_repack(int F, const uint8_t *W, int64_t wrb, int N, int K, uint8_t *P)
+    int pagedcy_q8p_repack(int F, const uint8_t *W, int64_t wrb, int N, int K, int p0, int p1, uint8_t *P)
     int pagedcy_gemm_q8p(int simd, int F, int M, int p0, int p1, const pg_q8a *a, const uint8_t *P,
                          int N, float *C, int64_t ldc)

@@ -75,11 +75,17 @@ def repack(raw, fmt, k=None):
         raise ValueError("matrix dimensions must be below 2**31")
     cdef cnp.ndarray ra = np.ascontiguousarray(raw)
     cdef cnp.ndarray pa = _aligned(panel_bytes(fmt, raw.shape[0], k))
-    cdef int rc, F = BLOCK_FORMATS[fmt], N = raw.shape[0], K = k
+    cdef int rc = 0, F = BLOCK_FORMATS[fmt], N = raw.shape[0], K = k, t
+    cdef int P = (N + 15) // 16, nt = min(resolve_num_threads(None), P) if N * k >= 1 << 20 else 1
     cdef int64_t rb = raw.shape[1]
-    with nogil:
-        rc = pagedcy_q8p_repack(F, <const uint8_t *>cnp.PyArray_DATA(ra), rb, N, K,
-                                <uint8_t *>cnp.PyArray_DATA(pa))
+    cdef const uint8_t *wp = <const uint8_t *>cnp.PyArray_DATA(ra)
+    cdef uint8_t *pp = <uint8_t *>cnp.PyArray_DATA(pa)
+    if nt <= 1:
+        with nogil:
+            rc = pagedcy_q8p_repack(F, wp, rb, N, K, 0, P, pp)
+    else:       # panels are independent: a load's repack on every thread
+        for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
+            rc |= pagedcy_q8p_repack(F, wp, rb, N, K, P * t // nt, P * (t + 1) // nt, pp)
     if rc == -1:
         raise MemoryError("out of memory repacking a weight")
     return pa

@@ -1,6 +1,7 @@
 /* Many rows of A for pagedcy_gemm_q8a.h: a panel of W's rows is unpacked to one byte per
  * quant in dot-product order, then a register tile runs the integer sums and the float
- * chain of pagedcy_gemm_q8a.h's definition (same bits as the GEMV and the scalar C).
+ * chain of pagedcy_gemm_q8a.h's definition (same bits as the panel decode kernels and the
+ * scalar C).
  *
  * Packing is the only format-specific part (BLIS's split). A sub-panel of L rows (16 on
  * AVX-512, 8 on AVX2) holds q [K/4][L][4] (the 4 quants of row l at k..k+3 next to each

@@ -44,9 +44,10 @@ static inline int pg_q8p_gq(int F, int gg) {
 /* ---- repacking (plain C, once at load) and a row back as the file stores it ---- */
 
 /* Record of block b of rows n .. n + 15 (rows at or past N: zero) from raw rows W. q: one
- * block of scratch bytes (its quants in k order), sw / mw: the unpacker's scale scratch. */
-static void pg_q8p_pack_record(const pg_q8a_fmt *f, int F, const uint8_t *W, int64_t wrb, int N, int n, int b,
-                               uint8_t *rec, uint8_t *q, float *sw, float *mw) {
+ * block of scratch bytes (its quants in k order), sw / mw: the unpacker's scale scratch. F is
+ * a constant where it is inlined (pg_q8p_pack_panels), so the byte loops lose their branches. */
+static inline __attribute__((always_inline)) void pg_q8p_pack_record(const pg_q8a_fmt *f, const int F,
+        const uint8_t *W, int64_t wrb, int N, int n, int b, uint8_t *rec, uint8_t *q, float *sw, float *mw) {
     const int bs = f->block, BB = f->block_bytes, G = pg_q8p_groups(F);
     memset(rec, 0, (size_t)16 * BB);
     for (int l = 0; l < 16 && n + l < N; l++) {
@@ -57,17 +58,30 @@ static void pg_q8p_pack_record(const pg_q8a_fmt *f, int F, const uint8_t *W, int
         if (F == PQ_Q6_K) for (int s = 0; s < 16; s++) rec[32 + 16 * s + l] = src[192 + s];
         for (int gg = 0; gg < G; gg++) {
             uint8_t *gq = rec + pg_q8p_gq(F, gg);
+            const uint8_t *x = q + 32 * gg;
+            if (F == PQ_Q8_0) {
+                for (int v = 0; v < 8; v++) memcpy(gq + 64 * v + 4 * l, x + 4 * v, 4);
+                continue;
+            }
+            for (int j = 0; j < 4; j++)
+                for (int i = 0; i < 4; i++)
+                    gq[64 * j + 4 * l + i] = (uint8_t)((x[8 * j + i] & 15) | (x[8 * j + 4 + i] & 15) << 4);
             for (int v = 0; v < 8; v++)
                 for (int i = 0; i < 4; i++) {
-                    const uint8_t x = q[32 * gg + 4 * v + i];
                     const int byte = 4 * l + i;
-                    if (F == PQ_Q8_0) { gq[64 * v + byte] = x; continue; }
-                    gq[64 * (v >> 1) + byte] |= (uint8_t)((x & 15) << (4 * (v & 1)));
-                    if (F == PQ_Q5_0) gq[256 + 8 * v + byte / 8] |= (uint8_t)(((x >> 4) & 1) << (byte % 8));
-                    if (F == PQ_Q6_K) gq[256 + 64 * (v >> 2) + byte] |= (uint8_t)((x >> 4) << (2 * (v & 3)));
+                    if (F == PQ_Q5_0) gq[256 + 8 * v + byte / 8] |= (uint8_t)(((x[4 * v + i] >> 4) & 1) << (byte % 8));
+                    if (F == PQ_Q6_K) gq[256 + 64 * (v >> 2) + byte] |= (uint8_t)((x[4 * v + i] >> 4) << (2 * (v & 3)));
                 }
         }
     }
+}
+
+static inline __attribute__((always_inline)) void pg_q8p_pack_panels(const pg_q8a_fmt *f, const int F,
+        const uint8_t *W, int64_t wrb, int N, int K, int p0, int p1, uint8_t *P, uint8_t *q, float *sw, float *mw) {
+    const int NB = K / f->block, rec = 16 * f->block_bytes;
+    for (int p = p0; p < p1; p++)
+        for (int b = 0; b < NB; b++)
+            pg_q8p_pack_record(f, F, W, wrb, N, 16 * p, b, P + ((int64_t)p * NB + b) * rec, q, sw, mw);
 }
 
 /* Row n of a panel weight (panels at P, K values a row) as the file stored it: row_bytes at
@@ -131,18 +145,21 @@ static void pagedcy_q8p_rows(int F, const uint8_t *P, int K, const int64_t *ids,
     for (int i = 0; i < count; i++) pg_q8p_row(f, F, P, K, ids[i], out + i * rb);
 }
 
-/* Rows [0, N) of raw rows W (row_bytes wrb, K values) into panels at P (ceil(N / 16) * 16 *
- * wrb bytes). Returns 0, -1 out of memory, -3 for a type without int8 kernels. */
-static int pagedcy_q8p_repack(int F, const uint8_t *W, int64_t wrb, int N, int K, uint8_t *P) {
+/* Panels [p0, p1) of raw rows W (N rows, row_bytes wrb, K values a row) at P (the whole
+ * weight's panels: ceil(N / 16) * 16 * wrb bytes). Returns 0, -1 out of memory, -3 for a type
+ * without int8 kernels. */
+static int pagedcy_q8p_repack(int F, const uint8_t *W, int64_t wrb, int N, int K, int p0, int p1, uint8_t *P) {
     const pg_q8a_fmt *f = pg_q8a_format(F);
     if (!f || K % f->block) return -3;
     uint8_t *q = (uint8_t *)malloc((size_t)f->block + 2 * 16 * sizeof(float));
     if (!q) return -1;
     float *sw = (float *)(q + f->block), *mw = sw + 16;
-    const int NB = K / f->block, rec = 16 * f->block_bytes;
-    for (int n = 0; n < N; n += 16)
-        for (int b = 0; b < NB; b++)
-            pg_q8p_pack_record(f, F, W, wrb, N, n, b, P + ((int64_t)(n / 16) * NB + b) * rec, q, sw, mw);
+    switch (F) {
+        case PQ_Q4_K: pg_q8p_pack_panels(f, PQ_Q4_K, W, wrb, N, K, p0, p1, P, q, sw, mw); break;
+        case PQ_Q6_K: pg_q8p_pack_panels(f, PQ_Q6_K, W, wrb, N, K, p0, p1, P, q, sw, mw); break;
+        case PQ_Q8_0: pg_q8p_pack_panels(f, PQ_Q8_0, W, wrb, N, K, p0, p1, P, q, sw, mw); break;
+        default: pg_q8p_pack_panels(f, PQ_Q5_0, W, wrb, N, K, p0, p1, P, q, sw, mw); break;
+    }
     free(q);
     return 0;
 }
@@ -297,14 +314,17 @@ PG_AVX2_INLINE __m256i pg_q8p_bcast_y(const int8_t *p) {
 #ifndef PG_Q8P_PFD
 #define PG_Q8P_PFD 1024
 #endif
+#ifndef PG_Q8P_PFLOC
+#define PG_Q8P_PFLOC 2
+#endif
 #ifdef PG_Q8P_TUNE
-static int pg_q8p_pfd = PG_Q8P_PFD, pg_q8p_loc = PG_Q8A_PFLOC;
+static int pg_q8p_pfd = PG_Q8P_PFD, pg_q8p_loc = PG_Q8P_PFLOC;
 #define PG_Q8P_PF(p) do { if (pg_q8p_loc == 3) __builtin_prefetch((p) + pg_q8p_pfd, 0, 3); \
     else if (pg_q8p_loc == 2) __builtin_prefetch((p) + pg_q8p_pfd, 0, 2); \
     else if (pg_q8p_loc == 1) __builtin_prefetch((p) + pg_q8p_pfd, 0, 1); } while (0)
 static void pg_q8p_tune(int pfd, int loc) { pg_q8p_pfd = pfd; pg_q8p_loc = loc; }
 #else
-#define PG_Q8P_PF(p) __builtin_prefetch((p) + PG_Q8P_PFD, 0, PG_Q8A_PFLOC)
+#define PG_Q8P_PF(p) __builtin_prefetch((p) + PG_Q8P_PFD, 0, PG_Q8P_PFLOC)
 static void pg_q8p_tune(int pfd, int loc) { (void)pfd; (void)loc; }
 #endif
 
