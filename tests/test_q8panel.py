@@ -63,16 +63,17 @@ def test_panels_give_the_reference_bits(m, n, kb, fmt, level, threads, seed):
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("fmt", sorted(QTYPES))
 def test_every_row_count_and_thread_count_alike(fmt, level):
-    """Rows 1..13 (decode kernels of 1-4 rows, then the tile from 8) and 40, over 1030 rows of
-    W (a partial last panel and an odd panel count), 1 and 2 threads: the reference's bits,
-    and a row's result the same whatever else is in the batch."""
+    """Rows 1..13 and 40 (decode kernels of 1-4 rows a call) and 130 (the packed tile, from
+    PG_Q8P_TILE_M = 128), over 1030 rows of W (a partial last panel and an odd panel count),
+    1 and 2 threads: the reference's bits, and a row's result the same whatever else is in
+    the batch."""
     rng = np.random.default_rng(3)
     n, k = 1030, 1536 if fmt in ("q4_k", "q6_k") else 1568
     raw, _ = _weights(rng, fmt, n, k)
     panel = _q8panel.repack(raw, fmt)
-    x = rng.standard_normal((40, k), dtype=np.float32)
+    x = rng.standard_normal((130, k), dtype=np.float32)
     ref = _reference(x, raw, fmt)
-    for m in list(range(1, 14)) + [40]:
+    for m in list(range(1, 14)) + [40, 130]:
         for threads in (1, 2):
             out = np.empty((m, n), np.float32)
             _q8panel._linear_tuned(x[:m], panel, fmt, n, out, threads, level)

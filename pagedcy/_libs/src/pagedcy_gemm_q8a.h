@@ -37,11 +37,6 @@
 #include "pagedcy_quant.h"
 #include "pagedcy_gemm_q8a_unpack.h"
 
-/* Rows of A from which a panel weight runs the packed tile rather than the decode kernels
- * (same bits either way). */
-#ifndef PG_Q8A_TILE_M
-#define PG_Q8A_TILE_M 8
-#endif
 
 
 /* Activations of M rows quantized: qa [M][K] int8, da [M][K/32], s16 [M][K/16]. */

@@ -494,10 +494,18 @@ static pg_q8p_kern_fn pg_q8p_kernel(int level, int F, int mr) {
 /* Rows of A per decode-kernel call (the panel is re-read from L1 / L2 for the next MR) */
 #define PG_Q8P_MR 4
 
+/* Rows of A from which a panel weight runs the packed tile rather than the decode kernels
+ * (same bits either way). Q4_K 2048 x 2048, 1 thread, AMD EPYC Zen 4, GOP/s decode kernels /
+ * tile: 245 / 167 at 8 rows, 252 / 188 at 16, 253 / 232 at 64, 246 / 255 at 512 (the tile
+ * expands the panels on every call; the decode kernels unpack nibbles in registers). */
+#ifndef PG_Q8P_TILE_M
+#define PG_Q8P_TILE_M 128
+#endif
+
 /* Panels [p0, p1) of C[M, N] = A @ W^T for a panel weight at P (format F, N rows, K = a->K)
  * and activations a quantized by pg_q8a_quantize, on the calling thread: columns 16 p0 ..
  * min(16 p1, N). simd: a PAGEDCY_SIMD_* cap (AVX-512 needs the CPU's VNNI). Few rows run the
- * decode kernels on the panels; from PG_Q8A_TILE_M rows the panels are expanded into the
+ * decode kernels on the panels; from PG_Q8P_TILE_M rows the panels are expanded into the
  * packed tile of pagedcy_gemm_q8a_tile.h; the scalar level takes each row back as the file
  * stored it. Same bits on every path. Returns 0; -1 out of memory; -3 for a type without
  * these kernels or a K that is not a multiple of its block. */
@@ -513,7 +521,7 @@ static int pagedcy_gemm_q8p(int simd, int F, int M, int p0, int p1, const pg_q8a
 #if PG_HAVE_SIMD
     if (simd >= PAGEDCY_SIMD_AVX512 && pagedcy_cpu_has_avx512vnni()) level = 2;
     else if (simd >= PAGEDCY_SIMD_AVX2 && pagedcy_cpu_has_avx2_fma()) level = 1;
-    if (level && M >= PG_Q8A_TILE_M) {
+    if (level && M >= PG_Q8P_TILE_M) {
         pg_q8a_src src = {f, F, NULL, 0, P, N};
         return pg_q8a_tiled(level, &src, M, 16 * p0, pg_min(16 * p1, N), a, C, ldc);
     }
