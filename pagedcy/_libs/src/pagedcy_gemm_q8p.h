@@ -18,8 +18,8 @@
  * quant at k = 4 v + i (v = 0..7). Nibble formats store vectors 2j and 2j + 1 as the low and
  * high nibbles of one 64-byte "pair" j. Per record:
  *   Q8_0 (544 B): d f16 [16] | 8 vectors of the signed quants
- *   Q5_0 (352 B): d f16 [16] | 4 pairs (quants & 15) | 8 u64 masks, bit 4 l + i of mask v =
- *                 bit 4 of vector v's byte 4 l + i
+ *   Q5_0 (352 B): d f16 [16] | 4 pairs (quants & 15) | a vector H, bit v of byte i = bit 4 of
+ *                 vector v's byte i
  *   Q4_K (2304 B): 16 dwords of each row's block bytes 0-3 (d | dmin), 4-7, 8-11, 12-15 (the
  *                 packed 6-bit scales and mins, as stored) | per group g of 8: 4 pairs
  *   Q6_K (3360 B): d f16 [16] | scales int8 [16 groups of 16][16 rows] | per group g of 8
@@ -69,7 +69,7 @@ static inline __attribute__((always_inline)) void pg_q8p_pack_record(const pg_q8
             for (int v = 0; v < 8; v++)
                 for (int i = 0; i < 4; i++) {
                     const int byte = 4 * l + i;
-                    if (F == PQ_Q5_0) gq[256 + 8 * v + byte / 8] |= (uint8_t)(((x[4 * v + i] >> 4) & 1) << (byte % 8));
+                    if (F == PQ_Q5_0) gq[256 + byte] |= (uint8_t)(((x[4 * v + i] >> 4) & 1) << v);
                     if (F == PQ_Q6_K) gq[256 + 64 * (v >> 2) + byte] |= (uint8_t)((x[4 * v + i] >> 4) << (2 * (v & 3)));
                 }
         }
@@ -102,7 +102,7 @@ static void pg_q8p_row(const pg_q8a_fmt *f, int F, const uint8_t *P, int K, int6
                     uint8_t x;
                     if (F == PQ_Q8_0) x = gq[64 * v + byte];
                     else x = (gq[64 * (v >> 1) + byte] >> (4 * (v & 1))) & 15;
-                    if (F == PQ_Q5_0) x |= (uint8_t)(((gq[256 + 8 * v + byte / 8] >> (byte % 8)) & 1) << 4);
+                    if (F == PQ_Q5_0) x |= (uint8_t)(((gq[256 + byte] >> v) & 1) << 4);
                     if (F == PQ_Q6_K) x |= (uint8_t)(((gq[256 + 64 * (v >> 2) + byte] >> (2 * (v & 3))) & 3) << 4);
                     q[32 * gg + 4 * v + i] = x;
                 }
@@ -167,13 +167,9 @@ static int pagedcy_q8p_repack(int F, const uint8_t *W, int64_t wrb, int N, int K
 #if PG_HAVE_SIMD
 /* ---- AVX2: the quants of a group as bytes, for half h (rows 8h .. 8h + 7) ---- */
 
-/* 32 bytes, 0x10 where bit i of m is set (llama.cpp's bytes_from_bits_32) */
-PG_AVX2_INLINE __m256i pg_q8p_bits16_y(uint32_t m) {
-    const __m256i sh = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0);
-    const __m256i b = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)m), sh),
-                                      _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL));
-    return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(16));
-}
+/* Q5_0: bit v of every byte moved to bit 4 (16-bit shifts: bit 4 of a byte comes from the same
+ * byte for shifts up to 4 left / 3 right) */
+#define PG_Q8P_SHL4(P, H, v) ((v) <= 4 ? P##_slli_epi16(H, 4 - (v)) : P##_srli_epi16(H, (v) - 4))
 
 /* Q6_K: bits 4-5 of vector 4h + t from the high-bit vector H (bits 2t..2t+1 of each byte) */
 #define PG_Q8P_Q6HI(P, S, H, t, m30)                                                              \
@@ -191,11 +187,9 @@ PG_AVX2_INLINE void pg_q8p_pair_y(const int F, const uint8_t *gq, int j, int h, 
     const __m256i m4 = _mm256_set1_epi8(15), z = _mm256_loadu_si256((const __m256i *)(gq + 64 * j + 32 * h));
     __m256i a = _mm256_and_si256(z, m4), b = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
     if (F == PQ_Q5_0) {
-        uint32_t m0, m1;
-        memcpy(&m0, gq + 256 + 16 * j + 4 * h, 4);
-        memcpy(&m1, gq + 256 + 16 * j + 8 + 4 * h, 4);
-        a = _mm256_or_si256(a, pg_q8p_bits16_y(m0));
-        b = _mm256_or_si256(b, pg_q8p_bits16_y(m1));
+        const __m256i m10 = _mm256_set1_epi8(0x10), H = _mm256_loadu_si256((const __m256i *)(gq + 256 + 32 * h));
+        a = _mm256_or_si256(a, _mm256_and_si256(PG_Q8P_SHL4(_mm256, H, 2 * j), m10));
+        b = _mm256_or_si256(b, _mm256_and_si256(PG_Q8P_SHL4(_mm256, H, 2 * j + 1), m10));
     } else if (F == PQ_Q6_K) {
         const __m256i m30 = _mm256_set1_epi8(0x30);
         const __m256i H = _mm256_loadu_si256((const __m256i *)(gq + 256 + 64 * (j >> 1) + 32 * h));
@@ -206,28 +200,32 @@ PG_AVX2_INLINE void pg_q8p_pair_y(const int F, const uint8_t *gq, int j, int h, 
     *u1 = b;
 }
 
-/* Q4_K's group gg scales sw = d * sc and mins mw = (-dmin) * mn, rows in lanes (P _mm256 /
- * _mm512, S si256 / si512), from the dwords Q0, Q1, Q2 (block bytes 4-15) and d / ndm. */
-#define PG_Q8P_K4(P, S, V, Q0, Q1, Q2, d, ndm, gg, sw, mw)                                               \
-    do {                                                                                                 \
-        const int j_ = (gg) & 3;                                                                         \
-        const V m63_ = P##_set1_epi32(63), m15_ = P##_set1_epi32(15), m3_ = P##_set1_epi32(3);           \
-        V sc_, mn_;                                                                                      \
-        if ((gg) < 4) {                                                                                  \
-            sc_ = P##_and_##S(P##_srli_epi32(Q0, 8 * j_), m63_);                                         \
-            mn_ = P##_and_##S(P##_srli_epi32(Q1, 8 * j_), m63_);                                         \
-        } else {                                                                                         \
-            sc_ = P##_or_##S(P##_and_##S(P##_srli_epi32(Q2, 8 * j_), m15_),                              \
-                             P##_slli_epi32(P##_and_##S(P##_srli_epi32(Q0, 8 * j_ + 6), m3_), 4));       \
-            mn_ = P##_or_##S(P##_and_##S(P##_srli_epi32(Q2, 8 * j_ + 4), m15_),                          \
-                             P##_slli_epi32(P##_and_##S(P##_srli_epi32(Q1, 8 * j_ + 6), m3_), 4));       \
-        }                                                                                                \
-        sw = P##_mul_ps(d, P##_cvtepi32_ps(sc_));                                                        \
-        mw = P##_mul_ps(ndm, P##_cvtepi32_ps(mn_));                                                      \
+/* Q4_K's 6-bit scales and mins as bytes, rows in lanes (P _mm256 / _mm512, S si256 / si512):
+ * from the dwords Q0, Q1, Q2 (block bytes 4-15, as stored), SC[0] holds the scales of groups
+ * 0-3 (byte j: group j), SC[1] of groups 4-7, MN the mins (ggml's get_scale_min_k4 on every
+ * row at once, once per block). */
+#define PG_Q8P_K4_BYTES(P, S, Q0, Q1, Q2, SC, MN)                                                     \
+    do {                                                                                              \
+        const __typeof__(Q0) m6_ = P##_set1_epi32(0x3F3F3F3F), m4_ = P##_set1_epi32(0x0F0F0F0F);      \
+        const __typeof__(Q0) hi_ = P##_set1_epi32(0x30303030);                                        \
+        SC[0] = P##_and_##S(Q0, m6_);                                                                 \
+        MN[0] = P##_and_##S(Q1, m6_);                                                                 \
+        SC[1] = P##_or_##S(P##_and_##S(Q2, m4_), P##_and_##S(P##_srli_epi32(Q0, 2), hi_));           \
+        MN[1] = P##_or_##S(P##_and_##S(P##_srli_epi32(Q2, 4), m4_), P##_and_##S(P##_srli_epi32(Q1, 2), hi_)); \
+    } while (0)
+/* Byte j of each lane of v, as an int32 */
+#define PG_Q8P_BYTE(P, S, v, j)                                                                       \
+    ((j) == 3 ? P##_srli_epi32(v, 24)                                                                 \
+     : P##_and_##S((j) ? P##_srli_epi32(v, 8 * (j)) : (v), P##_set1_epi32(0xFF)))
+/* Group gg's scales sw = d * sc and mins mw = (-dmin) * mn, from PG_Q8P_K4_BYTES's SC, MN */
+#define PG_Q8P_K4(P, S, SC, MN, d, ndm, gg, sw, mw)                                                   \
+    do {                                                                                              \
+        sw = P##_mul_ps(d, P##_cvtepi32_ps(PG_Q8P_BYTE(P, S, SC[(gg) >> 2], (gg) & 3)));             \
+        mw = P##_mul_ps(ndm, P##_cvtepi32_ps(PG_Q8P_BYTE(P, S, MN[(gg) >> 2], (gg) & 3)));           \
     } while (0)
 
 /* Half h's per-record scale state: Q4_K's d / ndm and scale dwords, the others' d. */
-typedef struct { __m256 d, ndm; __m256i Q0, Q1, Q2; } pg_q8p_sc_y;
+typedef struct { __m256 d, ndm; __m256i SC[2], MN[2]; } pg_q8p_sc_y;
 
 PG_AVX2_INLINE pg_q8p_sc_y pg_q8p_scales_y(const int F, const uint8_t *rec, int h) {
     pg_q8p_sc_y s;
@@ -235,13 +233,14 @@ PG_AVX2_INLINE pg_q8p_sc_y pg_q8p_scales_y(const int F, const uint8_t *rec, int 
         const __m256i D = _mm256_loadu_si256((const __m256i *)(rec + 32 * h));
         s.d = pg_q8a_h2f_y(D);
         s.ndm = _mm256_sub_ps(_mm256_setzero_ps(), pg_q8a_h2f_y(_mm256_srli_epi32(D, 16)));
-        s.Q0 = _mm256_loadu_si256((const __m256i *)(rec + 64 + 32 * h));
-        s.Q1 = _mm256_loadu_si256((const __m256i *)(rec + 128 + 32 * h));
-        s.Q2 = _mm256_loadu_si256((const __m256i *)(rec + 192 + 32 * h));
+        const __m256i Q0 = _mm256_loadu_si256((const __m256i *)(rec + 64 + 32 * h));
+        const __m256i Q1 = _mm256_loadu_si256((const __m256i *)(rec + 128 + 32 * h));
+        const __m256i Q2 = _mm256_loadu_si256((const __m256i *)(rec + 192 + 32 * h));
+        PG_Q8P_K4_BYTES(_mm256, si256, Q0, Q1, Q2, s.SC, s.MN);
     } else {
         s.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * h)));
         s.ndm = s.d;
-        s.Q0 = s.Q1 = s.Q2 = _mm256_setzero_si256();
+        s.SC[0] = s.SC[1] = s.MN[0] = s.MN[1] = _mm256_setzero_si256();
     }
     return s;
 }
@@ -251,7 +250,7 @@ PG_AVX2_INLINE __m256 pg_q8p_sw_y(const int F, const pg_q8p_sc_y *s, const uint8
                                   __m256 *mw) {
     __m256 sw = s->d;
     *mw = _mm256_setzero_ps();
-    if (F == PQ_Q4_K) PG_Q8P_K4(_mm256, si256, __m256i, s->Q0, s->Q1, s->Q2, s->d, s->ndm, gg, sw, *mw);
+    if (F == PQ_Q4_K) PG_Q8P_K4(_mm256, si256, s->SC, s->MN, s->d, s->ndm, gg, sw, *mw);
     if (F == PQ_Q6_K) {
         const __m128i sc = _mm_loadl_epi64((const __m128i *)(rec + 32 + 16 * (2 * gg + sub) + 8 * h));
         sw = _mm256_mul_ps(s->d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
@@ -290,6 +289,12 @@ PG_AVX2_INLINE __m256i pg_q8p_dot_y(const int F, __m256i acc, __m256i u, __m256i
     if (F == PQ_Q8_0) return _mm256_add_epi32(acc, pg_q8a_dot_y(_mm256_sign_epi8(u, u), _mm256_sign_epi8(ab, u)));
     return _mm256_add_epi32(acc, pg_q8a_dot_y(u, ab));
 }
+
+/* Pairs of nibble vectors whose vpmaddubsw results add up in int16 before widening: each
+ * int16 lane sums 4 products per pair, |q| * 127 each, so 4 pairs of Q4_K (16 * 15 * 127 =
+ * 30480), 2 of Q5_0 (8 * 31 * 127 = 31496), 1 of Q6_K (4 * 63 * 127 = 32004) stay below 2^15:
+ * the same exact integer sums with fewer ops. */
+#define PG_Q8P_I16(F) ((F) == PQ_Q4_K ? 4 : (F) == PQ_Q5_0 ? 2 : 1)
 
 PG_AVX2_INLINE __m256i pg_q8p_bcast_y(const int8_t *p) {
     int32_t v;
@@ -346,14 +351,22 @@ static void pg_q8p_tune(int pfd, int loc) { (void)pfd; (void)loc; }
                     const uint8_t *gq = rec + pg_q8p_gq(F, gg);                                           \
                     const int g = b * G + gg;                                                             \
                     if (h == 0) for (int l = 64; l < BB / G; l += 64) PG_Q8P_PF(gq + l); \
-                    __m256i Is[MR_];                                                                       \
-                    PG_UNROLL for (int i = 0; i < MR_; i++) Is[i] = _mm256_setzero_si256();                \
+                    __m256i Is[MR_], P16[MR_];                                                            \
+                    PG_UNROLL for (int i = 0; i < MR_; i++) Is[i] = P16[i] = _mm256_setzero_si256();      \
                     PG_UNROLL for (int j = 0; j < 4; j++) {                                               \
                         __m256i u0, u1;                                                                   \
                         pg_q8p_pair_y(F, gq, j, h, &u0, &u1);                                             \
                         PG_UNROLL for (int i = 0; i < MR_; i++) {                                         \
-                            Is[i] = pg_q8p_dot_y(F, Is[i], u0, pg_q8p_bcast_y(qa[i] + 32 * g + 8 * j));     \
-                            Is[i] = pg_q8p_dot_y(F, Is[i], u1, pg_q8p_bcast_y(qa[i] + 32 * g + 8 * j + 4)); \
+                            const __m256i b0 = pg_q8p_bcast_y(qa[i] + 32 * g + 8 * j);                    \
+                            const __m256i b1 = pg_q8p_bcast_y(qa[i] + 32 * g + 8 * j + 4);                \
+                            if ((F) == PQ_Q8_0) {                                                         \
+                                Is[i] = pg_q8p_dot_y(F, pg_q8p_dot_y(F, Is[i], u0, b0), u1, b1);          \
+                            } else {  /* int16 sums of pairs of products, widened every PG_Q8P_I16(F) pairs */ \
+                                const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(u0, b0), _mm256_maddubs_epi16(u1, b1)); \
+                                P16[i] = j % PG_Q8P_I16(F) ? _mm256_add_epi16(P16[i], t) : t;              \
+                                if ((j + 1) % PG_Q8P_I16(F) == 0)                                         \
+                                    Is[i] = _mm256_add_epi32(Is[i], _mm256_madd_epi16(P16[i], _mm256_set1_epi16(1))); \
+                            }                                                                             \
                         }                                                                                 \
                         if ((F) == PQ_Q6_K && (j == 1 || j == 3)) {     /* a scale group of 16 ends */   \
                             __m256 mw;                                                                    \
@@ -399,12 +412,10 @@ PG_AVX512_INLINE void pg_q8p_pair_z(const int F, const uint8_t *gq, int j, __m51
     }
     const __m512i m4 = _mm512_set1_epi8(15), z = _mm512_loadu_si512(gq + 64 * j);
     __m512i a = _mm512_and_si512(z, m4), b = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
-    if (F == PQ_Q5_0) {
-        uint64_t m0, m1;
-        memcpy(&m0, gq + 256 + 16 * j, 8);
-        memcpy(&m1, gq + 256 + 16 * j + 8, 8);
-        a = _mm512_mask_add_epi8(a, _cvtu64_mask64(m0), a, _mm512_set1_epi8(16));
-        b = _mm512_mask_add_epi8(b, _cvtu64_mask64(m1), b, _mm512_set1_epi8(16));
+    if (F == PQ_Q5_0) {   /* (lo nibble) | (bit v at bit 4): ternlog 0xF8 = a | (b & c) */
+        const __m512i m10 = _mm512_set1_epi8(0x10), H = _mm512_loadu_si512(gq + 256);
+        a = _mm512_ternarylogic_epi32(a, PG_Q8P_SHL4(_mm512, H, 2 * j), m10, 0xF8);
+        b = _mm512_ternarylogic_epi32(b, PG_Q8P_SHL4(_mm512, H, 2 * j + 1), m10, 0xF8);
     } else if (F == PQ_Q6_K) {
         const __m512i m30 = _mm512_set1_epi8(0x30), H = _mm512_loadu_si512(gq + 256 + 64 * (j >> 1));
         a = _mm512_or_si512(a, PG_Q8P_Q6HI(_mm512, si512, H, 2 * (j & 1), m30));
@@ -424,14 +435,13 @@ PG_AVX512_INLINE void pg_q8p_pair_z(const int F, const uint8_t *gq, int j, __m51
         for (int b = 0; b < NB; b++) {                                                                    \
             const uint8_t *rec = pan + (int64_t)b * BB;                                                   \
             __m512 d, ndm = _mm512_setzero_ps();                                                          \
-            __m512i Q0 = _mm512_setzero_si512(), Q1 = Q0, Q2 = Q0;                                        \
+            __m512i SC[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}, MN[2] = {SC[0], SC[0]};    \
             if ((F) == PQ_Q4_K) {                                                                         \
                 const __m512i D = _mm512_loadu_si512(rec);                                                \
                 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D));                                            \
                 ndm = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(D, 16)))); \
-                Q0 = _mm512_loadu_si512(rec + 64);                                                        \
-                Q1 = _mm512_loadu_si512(rec + 128);                                                       \
-                Q2 = _mm512_loadu_si512(rec + 192);                                                       \
+                PG_Q8P_K4_BYTES(_mm512, si512, _mm512_loadu_si512(rec + 64), _mm512_loadu_si512(rec + 128), \
+                                _mm512_loadu_si512(rec + 192), SC, MN);                                    \
             } else {                                                                                      \
                 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));                            \
             }                                                                                             \
@@ -462,7 +472,7 @@ PG_AVX512_INLINE void pg_q8p_pair_z(const int F, const uint8_t *gq, int j, __m51
                 }                                                                                         \
                 if ((F) != PQ_Q6_K) {                                                                     \
                     __m512 sw = d, mw = ndm;                                                              \
-                    if ((F) == PQ_Q4_K) PG_Q8P_K4(_mm512, si512, __m512i, Q0, Q1, Q2, d, ndm, gg, sw, mw); \
+                    if ((F) == PQ_Q4_K) PG_Q8P_K4(_mm512, si512, SC, MN, d, ndm, gg, sw, mw); \
                     PG_UNROLL for (int i = 0; i < MR_; i++)                                               \
                         PG_Q8P_LINK(_mm512, F, acc[i], sw, mw, _mm512_set1_ps(da[i][g]), Is[i],            \
                                     s16[i][2 * g] + s16[i][2 * g + 1]);                                   \
