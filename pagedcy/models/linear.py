@@ -306,7 +306,7 @@ def _drop_file_pages(a: np.ndarray) -> None:
     (MADV_DONTNEED on anonymous memory would zero it)."""
     import mmap
 
-    base = a
+    base: object = a
     while isinstance(base, np.ndarray):
         base = base.base
     mm = getattr(base, "obj", None) if isinstance(base, memoryview) else None

@@ -340,17 +340,24 @@ static void pg_q8p_tune(int pfd, int loc) { (void)pfd; (void)loc; }
                              int nv) {                                                                    \
         const int K = a->K, BB = 16 * pg_q8a_format(F)->block_bytes, G = pg_q8p_groups(F);                 \
         PG_Q8A_ROWS(MR_)                                                                                  \
-        for (int h = 0; h < 2; h++) {                                                                     \
-            __m256 acc[MR_];                                                                              \
-            PG_UNROLL for (int i = 0; i < MR_; i++) acc[i] = _mm256_setzero_ps();                         \
-            for (int b = 0; b < NB; b++) {                                                                \
-                const uint8_t *rec = pan + (int64_t)b * BB;                                               \
-                if (h == 0) PG_Q8P_PF(rec);                        \
-                const pg_q8p_sc_y s = pg_q8p_scales_y(F, rec, h);                                          \
-                for (int gg = 0; gg < G; gg++) {                                                          \
-                    const uint8_t *gq = rec + pg_q8p_gq(F, gg);                                           \
-                    const int g = b * G + gg;                                                             \
-                    if (h == 0) for (int l = 64; l < BB / G; l += 64) PG_Q8P_PF(gq + l); \
+        __m256 acc[2][MR_];                                                                               \
+        PG_UNROLL for (int i = 0; i < MR_; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps();              \
+        for (int b = 0; b < NB; b++) {                                                                    \
+            const uint8_t *rec = pan + (int64_t)b * BB;                                                   \
+            PG_Q8P_PF(rec);                                                                               \
+            const pg_q8p_sc_y s[2] = {pg_q8p_scales_y(F, rec, 0), pg_q8p_scales_y(F, rec, 1)};             \
+            /* Q4_K: the block's scales and mins for both halves up front (too many registers to \
+             * keep the unpacked bytes of both halves live through the groups) */                 \
+            __m256 swb[2][8], mwb[2][8];                                                                  \
+            if ((F) == PQ_Q4_K)                                                                           \
+                PG_UNROLL for (int h = 0; h < 2; h++)                                                     \
+                    PG_UNROLL for (int q = 0; q < 8; q++) swb[h][q] = pg_q8p_sw_y(F, &s[h], rec, q, 0, h, &mwb[h][q]); \
+            for (int gg = 0; gg < G; gg++) {                                                              \
+                const uint8_t *gq = rec + pg_q8p_gq(F, gg);                                               \
+                const int g = b * G + gg;                                                                 \
+                for (int l = 64; l < BB / G; l += 64) PG_Q8P_PF(gq + l);                                  \
+                /* both halves of each 64-byte vector in turn: the record streams once */                 \
+                PG_UNROLL for (int h = 0; h < 2; h++) {                                                   \
                     __m256i Is[MR_], P16[MR_];                                                            \
                     PG_UNROLL for (int i = 0; i < MR_; i++) Is[i] = P16[i] = _mm256_setzero_si256();      \
                     PG_UNROLL for (int j = 0; j < 4; j++) {                                               \
@@ -370,24 +377,25 @@ static void pg_q8p_tune(int pfd, int loc) { (void)pfd; (void)loc; }
                         }                                                                                 \
                         if ((F) == PQ_Q6_K && (j == 1 || j == 3)) {     /* a scale group of 16 ends */   \
                             __m256 mw;                                                                    \
-                            const __m256 sw = pg_q8p_sw_y(F, &s, rec, gg, j >> 1, h, &mw);                \
+                            const __m256 sw = pg_q8p_sw_y(F, &s[h], rec, gg, j >> 1, h, &mw);             \
                             PG_UNROLL for (int i = 0; i < MR_; i++) {                                     \
-                                PG_Q8P_LINK(_mm256, F, acc[i], sw, mw, _mm256_set1_ps(da[i][g]), Is[i], s16[i][2 * g + (j >> 1)]); \
+                                PG_Q8P_LINK(_mm256, F, acc[h][i], sw, mw, _mm256_set1_ps(da[i][g]), Is[i], s16[i][2 * g + (j >> 1)]); \
                                 Is[i] = _mm256_setzero_si256();                                            \
                             }                                                                             \
                         }                                                                                 \
                     }                                                                                     \
                     if ((F) != PQ_Q6_K) {                                                                 \
-                        __m256 mw;                                                                        \
-                        const __m256 sw = pg_q8p_sw_y(F, &s, rec, gg, 0, h, &mw);                         \
+                        __m256 mw = _mm256_setzero_ps(), sw = s[h].d;                                     \
+                        if ((F) == PQ_Q4_K) { sw = swb[h][gg]; mw = mwb[h][gg]; }                         \
                         PG_UNROLL for (int i = 0; i < MR_; i++)                                           \
-                            PG_Q8P_LINK(_mm256, F, acc[i], sw, mw, _mm256_set1_ps(da[i][g]), Is[i],        \
+                            PG_Q8P_LINK(_mm256, F, acc[h][i], sw, mw, _mm256_set1_ps(da[i][g]), Is[i],     \
                                         s16[i][2 * g] + s16[i][2 * g + 1]);                               \
                     }                                                                                     \
                 }                                                                                         \
             }                                                                                             \
-            PG_UNROLL for (int i = 0; i < MR_; i++) pg_q8p_store_y(C + (int64_t)i * ldc + 8 * h, acc[i], nv - 8 * h); \
         }                                                                                                 \
+        PG_UNROLL for (int h = 0; h < 2; h++)                                                             \
+            PG_UNROLL for (int i = 0; i < MR_; i++) pg_q8p_store_y(C + (int64_t)i * ldc + 8 * h, acc[h][i], nv - 8 * h); \
     }
 
 PG_AVX2_INLINE void pg_q8p_store_y(float *c, __m256 v, int n) {
