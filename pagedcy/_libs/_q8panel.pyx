@@ -17,7 +17,7 @@ from libc.stdint cimport int64_t, uint8_t
 
 from pagedcy._libs._gemm cimport _nthreads
 from pagedcy._libs._layers cimport _f32, _overlap
-from pagedcy._libs._gemm import BLOCK_FORMATS, Q8A_FORMATS, _quantize_activations
+from pagedcy._libs._gemm import BLOCK_FORMATS, Q8A_FORMATS
 from pagedcy._libs._threads import resolve_num_threads
 
 cnp.import_array()
@@ -140,12 +140,11 @@ def _linear_tuned(x, panel, fmt, n, out, num_threads=None, max_simd=2):
     if M == 0 or N == 0:
         return out
     cdef int simd = min(int(max_simd), pagedcy_simd_level())
-    qa, da, s16 = _quantize_activations(xa, simd)
     cdef pg_q8a act
-    act.K = K
-    act.qa = <const int8_t *>cnp.PyArray_DATA(qa)
-    act.da = <const float *>cnp.PyArray_DATA(da)
-    act.s16 = <const int32_t *>cnp.PyArray_DATA(s16)
+    with nogil:
+        rc = pg_q8a_quantize_tls(simd, M, K, <const float *>cnp.PyArray_DATA(xa), K, &act)
+    if rc:
+        raise MemoryError("out of memory for the quantized activations")
     cdef const uint8_t *pp = <const uint8_t *>cnp.PyArray_DATA(pa)
     cdef float *op = <float *>cnp.PyArray_DATA(oa)
     # threads take runs of whole panel pairs (the AVX-512 tile's 32 rows)

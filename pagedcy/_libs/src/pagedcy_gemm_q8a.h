@@ -140,6 +140,31 @@ static void pg_q8a_quantize(int level, int M, int K, const float *A, int64_t lda
     }
 }
 
+/* Rows [0, M) of A quantized into a buffer of the calling thread (grown, never shrunk: a
+ * decode step's projections reuse it instead of allocating three arrays a call), described
+ * by a. Returns 0, or -1 when out of memory. */
+static int pg_q8a_quantize_tls(int level, int M, int K, const float *A, int64_t lda, pg_q8a *a) {
+    static __thread uint8_t *buf = NULL;
+    static __thread size_t cap = 0;
+    const size_t nq = (size_t)M * K, nd = (size_t)M * (K / 32), need = nq + 4 * nd + 4 * 2 * nd;
+    if (need > cap) {
+        free(buf);
+        cap = 0;
+        buf = (uint8_t *)aligned_alloc(64, (need + 63) / 64 * 64);
+        if (!buf) return -1;
+        cap = need;
+    }
+    int8_t *qa = (int8_t *)buf;              /* K is a multiple of 32: the floats stay aligned */
+    float *da = (float *)(buf + nq);
+    int32_t *s16 = (int32_t *)(buf + nq + 4 * nd);
+    pg_q8a_quantize(level, M, K, A, lda, qa, da, s16);
+    a->K = K;
+    a->qa = qa;
+    a->da = da;
+    a->s16 = s16;
+    return 0;
+}
+
 /* The group's sum of activations: groups of 16 (GS_) or 32. */
 #define PG_Q8A_SUMS(GS_, s, g) ((GS_) == 16 ? (s)[g] : (s)[2 * (g)] + (s)[2 * (g) + 1])
 
