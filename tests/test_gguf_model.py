@@ -103,9 +103,10 @@ def _block_weights(model):
     return [w for w in out if isinstance(w, (BlockWeight, PanelWeight)) and w.format in _gemm.Q8A_FORMATS]
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_1"])
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_int8_activation_logits_within_the_stated_bound(checkpoints, arch):
-    path = gguf_file(checkpoints, arch, "Q8_0")
+def test_int8_activation_logits_within_the_stated_bound(checkpoints, arch, qtype):
+    path = gguf_file(checkpoints, arch, qtype)
     model, tok, _ = load_gguf(path, num_threads=1)
     assert _block_weights(model) and all(isinstance(w, PanelWeight) for w in _block_weights(model))
     ids = tok.encode("The quick brown fox jumps over the lazy dog, twice: 1 2 3")
@@ -156,12 +157,15 @@ def test_gguf_file_through_the_engine_and_tokenizer(checkpoints):
                                   and out.stop_reason is None else out.token_ids)
 
 
-def test_block_weights_stay_memory_mapped(checkpoints):
+def test_block_weights_stay_memory_mapped_and_panels_take_the_file_size(checkpoints):
     path = gguf_file(checkpoints, "qwen2", "Q4_0")
-    model, _, _ = load_gguf(path, num_threads=1)
+    model, _, _ = load_gguf(path, num_threads=1, activation_dtype="float32")
     w = model._layers[0].w_down
     assert isinstance(w, BlockWeight) and not w.raw.flags.owndata   # a view of the map
     assert model.weight_bytes < os.path.getsize(path) * 1.2
+    fast, _, _ = load_gguf(path, num_threads=1)          # int8 activations: repacked panels
+    assert isinstance(fast._layers[0].w_down, PanelWeight)
+    assert fast.weight_bytes < os.path.getsize(path) * 1.2
 
 
 @pytest.mark.parametrize("damage", ["truncate", "magic", "missing"])

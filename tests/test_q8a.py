@@ -18,7 +18,8 @@ from pagedcy._libs._quant import dequantize  # noqa: E402
 from test_quant import EXTREME_SCALES, _bits, _random_raw  # noqa: E402
 
 LEVELS = [lv for lv in (2, 1, 0) if lv <= simd_level()]
-QTYPES = {"q4_k": T.Q4_K, "q5_0": T.Q5_0, "q6_k": T.Q6_K, "q8_0": T.Q8_0}
+QTYPES = {"q4_0": T.Q4_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0, "q5_1": T.Q5_1, "q8_0": T.Q8_0,
+          "q4_k": T.Q4_K, "q5_k": T.Q5_K, "q6_k": T.Q6_K}
 F32_EPS = 2.0 ** -24
 
 
@@ -75,7 +76,7 @@ def test_activation_quantization_is_its_definition(level):
        level=st.sampled_from(LEVELS), threads=st.integers(1, 2), seed=st.integers(0, 2**16))
 def test_matches_float64_within_the_stated_bound(m, kb, n, fmt, level, threads, seed):
     rng = np.random.default_rng(seed)
-    k = 256 * kb + (32 * rng.integers(0, 8) if fmt in ("q8_0", "q5_0") else 0)
+    k = 256 * kb + (32 * rng.integers(0, 8) if not fmt.endswith("_k") else 0)
     raw, w = _weights(rng, fmt, n, k)
     x = rng.standard_normal((m, k), dtype=np.float32)
     out = np.full((m, n), np.nan, np.float32)
@@ -97,7 +98,7 @@ def test_every_path_gives_the_plain_c_bits(fmt, level):
     scalar C path computes the definition. 32-element blocks get an odd count.
     (tests/test_q8panel.py holds the panel weights' decode kernels to the same bits.)"""
     rng = np.random.default_rng(5)
-    n, k = 1030, 1536 if fmt in ("q4_k", "q6_k") else 1568
+    n, k = 1030, 1536 if fmt.endswith("_k") else 1568
     raw, _ = _weights(rng, fmt, n, k)
     x = rng.standard_normal((13, k), dtype=np.float32)
     ref = np.empty((13, n), np.float32)

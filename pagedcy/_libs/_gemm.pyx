@@ -65,8 +65,9 @@ FORMATS = {"f32": (PAGEDCY_F32, (np.float32,)), "f16": (PAGEDCY_F16, (np.float16
 BLOCK_FORMATS = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_k": 12, "q5_k": 13,
                  "q6_k": 14}
 
-# Block formats with an int8-activation kernel (pagedcy_gemm_q8a.h): linear_rows_q8.
-Q8A_FORMATS = ("q4_k", "q5_0", "q6_k", "q8_0")
+# Block formats with an int8-activation kernel (pagedcy_gemm_q8a.h): linear_rows_q8 (and the
+# panel weights of _q8panel). Every block format.
+Q8A_FORMATS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 
 # x splits into row ranges of whole micro-tiles (12 rows on AVX-512, 6 on AVX2), each at
 # least the packed path's row count (pagedcy_gemm.h's PG_PACK_MIN_M), when it has more rows

@@ -1,4 +1,5 @@
-"""GGUF block weights (Q4_K, Q5_0, Q6_K, Q8_0) repacked once into panels of 16 rows for the
+"""GGUF block weights (every block format: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)
+repacked once into panels of 16 rows for the
 int8-activation GEMM (``pagedcy_gemm_q8p.h``).
 
 ``panel = repack(raw, fmt)`` turns a weight's raw rows (uint8 ``[N, row_bytes]``, as the
@@ -26,7 +27,8 @@ cdef extern from "pagedcy_gemm.h" nogil:
     int pagedcy_simd_level()
 
 # GGUF type -> (elements, bytes) per block of the formats with panels
-_BLOCKS = {"q4_k": (256, 144), "q5_0": (32, 22), "q6_k": (256, 210), "q8_0": (32, 34)}
+_BLOCKS = {"q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24), "q8_0": (32, 34),
+           "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210)}
 _INT_MAX = 2**31 - 1
 
 

@@ -6,7 +6,7 @@ A projection is ``[N, K]`` (output-major, as checkpoints store it) in one of:
 - :class:`HalfWeight`: float16 or bfloat16 bit patterns kept as stored (2 bytes a value);
 - :class:`BlockWeight`: a GGUF block format (Q8_0, Q4_0, Q4_K, ...), raw bytes ``[N, row_bytes]``
   as the file stores them, with float32 activations;
-- :class:`PanelWeight`: Q4_K, Q5_0, Q6_K or Q8_0 repacked once into panels of 16 rows, with
+- :class:`PanelWeight`: a GGUF block format repacked once into panels of 16 rows, with
   int8 activations (as llama.cpp computes them);
 - :class:`StackedWeight`: rows of parts in different formats (a fused q|k|v from a Q4_K_M file
   whose v rows are Q6_K), each part run on its own and written to its columns of ``out``.
@@ -254,7 +254,7 @@ class BlockWeight(Weight):
 
 class PanelWeight(Weight):
     """A GGUF ``[N, K]`` matrix of a format with int8-activation kernels (``PANEL_FORMATS``:
-    Q4_K, Q5_0, Q6_K, Q8_0), repacked once into panels of 16 rows (``panel``, uint8, the size
+    every block format), repacked once into panels of 16 rows (``panel``, uint8, the size
     of the file's rows rounded up to 16 rows: :mod:`pagedcy._libs._q8panel`). ``linear``
     quantizes each row of x to int8 per 32 elements and multiplies with integer dot products,
     as llama.cpp does: each output within ``sum_g max|x_g| / 254 * sum_{k in g} |w_k|`` of the

@@ -1,7 +1,7 @@
-/* GEMM of a GGUF block weight (Q4_K, Q5_0, Q6_K, Q8_0) with int8 activations, as llama.cpp
- * computes quantized weights: C[M, N] = A[M, K] @ W[N, K]^T with each row of A quantized
- * to int8 per 32 elements and integer dot products (AVX-512 VNNI vpdpbusd, AVX2
- * vpmaddubsw + vpmaddwd, or plain C).
+/* GEMM of a GGUF block weight (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) with int8
+ * activations, as llama.cpp computes quantized weights: C[M, N] = A[M, K] @ W[N, K]^T with
+ * each row of A quantized to int8 per 32 elements and integer dot products (AVX-512 VNNI
+ * vpdpbusd, AVX2 vpmaddubsw + vpmaddwd, or plain C).
  *
  * Semantics (one definition, every path computes exactly this):
  *  - activation row m, group g of 32: amax = max |x|, da = amax / 127, qa = rint(clamp(
@@ -9,10 +9,12 @@
  *    each half of 16 (pg_q8a_quantize).
  *  - weight row n, group j of the format (32 elements; 16 for Q6_K's sub-scales): integer
  *    quants q and fp32 scales (pagedcy_gemm_q8a_unpack.h). I = sum q * qa, exact in int32
- *    (Q5_0: q - 16 as 0..31 minus 16 * S; Q6_K: q - 32 as 0..63 minus 32 * S; Q8_0: signed q).
- *  - out = 0, then over the groups in order: out = fma(sw * da, (float)I, out), and for Q4_K
- *    also out = fma(mw * da, (float)S, out) with S the group's sum of qa. Q4_K: sw = d * sc,
- *    mw = (-dmin) * m; Q6_K: sw = d * sc; Q5_0, Q8_0: sw = d.
+ *    (Q4_0 / Q5_0: q - 8 / q - 16 as 0..15 / 0..31 minus 8 / 16 * S; Q6_K: q - 32 as 0..63 minus
+ *    32 * S; Q8_0: signed q; the min kind's q as they are).
+ *  - out = 0, then over the groups in order: out = fma(sw * da, (float)I, out), and for the
+ *    min kind (Q4_1, Q5_1, Q4_K, Q5_K) also out = fma(mw * da, (float)S, out) with S the group's
+ *    sum of qa. K-quants: sw = d * sc, mw = (-dmin) * m (Q6_K has no min); Q4_1 / Q5_1: sw = d,
+ *    mw = m; Q4_0, Q5_0, Q8_0: sw = d.
  * The integer sums are exact and the float chain is the same operations in the same order
  * at every SIMD level, so every path gives the same bits: the decode kernels on panel-repacked
  * weights (pagedcy_gemm_q8p.h), the packed tile, the scalar reference, for any M, thread split

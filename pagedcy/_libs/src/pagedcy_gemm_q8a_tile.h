@@ -59,7 +59,7 @@ static void pg_q8a_pack(const pg_q8a_src *src, int n, int nb, int K, int L, int 
         float *sw = (float *)(q + (int64_t)K * L), *mw = sw + (int64_t)G * L;
         const int l = r % L;
         if (r < nb) {
-            f->unpack_avx2(src->W + (int64_t)(n + r) * src->wrb, 0, K, row, rs, rm, 1);
+            (f->unpack_avx2 ? f->unpack_avx2 : f->unpack)(src->W + (int64_t)(n + r) * src->wrb, 0, K, row, rs, rm, 1);
         } else {
             memset(row, 0, (size_t)K);
             memset(rs, 0, (size_t)G * sizeof(float));

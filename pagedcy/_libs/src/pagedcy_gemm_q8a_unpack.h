@@ -5,11 +5,12 @@
  *
  * A group is 32 elements (16 for Q6_K's sub-scales) with one scale sw, and the weight is
  *   signed:  w = sw * q                 (Q8_0: q the signed byte)
- *   offset:  w = sw * (q - off)         (Q5_0: off 16, q = 0..31; Q6_K: off 32, q = 0..63)
- *   min:     w = sw * q + mw            (Q4_K: q = 0..15, mw = (-dmin) * mn)
- * with sw = d (Q5_0, Q8_0) or d * sc (K-quants) rounded to fp32 once. (Q4_0 fits the offset
- * kind and Q4_1 / Q5_1 / Q5_K the min kind: each needs its unpacker and a GEMV.) These are the values
- * gguf's dequantization computes (up to its own float32 rounding of the product).
+ *   offset:  w = sw * (q - off)         (Q4_0: off 8, q = 0..15; Q5_0: off 16, q = 0..31;
+ *                                        Q6_K: off 32, q = 0..63)
+ *   min:     w = sw * q + mw            (Q4_K / Q5_K: q = 0..15 / 0..31, mw = (-dmin) * mn;
+ *                                        Q4_1 / Q5_1: mw = m)
+ * with sw = d (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) or d * sc (K-quants) rounded to fp32 once. These are
+ * the values gguf's dequantization computes (up to its own float32 rounding of the product).
  */
 #ifndef PAGEDCY_GEMM_Q8A_UNPACK_H
 #define PAGEDCY_GEMM_Q8A_UNPACK_H
@@ -55,6 +56,46 @@ static void pg_q8a_unpack_q5_0(const uint8_t *w, int k0, int kc, uint8_t *q, flo
     }
 }
 
+/* Q4_0 / Q4_1: element j (j < 16) is the low nibble of qs[j], element j + 16 the high one;
+ * Q4_1 (and Q5_1) also give their fp16 min m. */
+static void pg_q8a_unpack_q4_0(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
+    (void)mw;
+    w += (int64_t)k0 / 32 * 18;
+    for (int g = 0; g < kc / 32; g++, w += 18) {
+        for (int j = 0; j < 16; j++) {
+            q[32 * g + j] = w[2 + j] & 15;
+            q[32 * g + j + 16] = w[2 + j] >> 4;
+        }
+        sw[g * ss] = pg_q8a_half(w);
+    }
+}
+
+static void pg_q8a_unpack_q4_1(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
+    w += (int64_t)k0 / 32 * 20;
+    for (int g = 0; g < kc / 32; g++, w += 20) {
+        for (int j = 0; j < 16; j++) {
+            q[32 * g + j] = w[4 + j] & 15;
+            q[32 * g + j + 16] = w[4 + j] >> 4;
+        }
+        sw[g * ss] = pg_q8a_half(w);
+        mw[g * ss] = pg_q8a_half(w + 2);
+    }
+}
+
+static void pg_q8a_unpack_q5_1(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
+    w += (int64_t)k0 / 32 * 24;
+    for (int g = 0; g < kc / 32; g++, w += 24) {
+        uint32_t qh;
+        memcpy(&qh, w + 4, 4);
+        for (int j = 0; j < 16; j++) {
+            q[32 * g + j] = (uint8_t)((w[8 + j] & 15) | ((qh >> j) & 1) << 4);
+            q[32 * g + j + 16] = (uint8_t)((w[8 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+        }
+        sw[g * ss] = pg_q8a_half(w);
+        mw[g * ss] = pg_q8a_half(w + 2);
+    }
+}
+
 static void pg_q8a_unpack_q8_0(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
     (void)mw;
     w += (int64_t)k0 / 32 * 34;
@@ -84,6 +125,20 @@ static void pg_q8a_unpack_q4_k(const uint8_t *w, int k0, int kc, uint8_t *q, flo
             for (int l = 0; l < 32; l++) {
                 q[256 * b + 64 * c + l] = w[16 + 32 * c + l] & 15;
                 q[256 * b + 64 * c + 32 + l] = w[16 + 32 * c + l] >> 4;
+            }
+    }
+}
+
+/* Q5_K: Q4_K's scales and nibbles (after 32 bytes of high bits), bit 2c (2c + 1) of qh[l] the
+ * fifth bit of group 2c's (2c + 1's) element l. */
+static void pg_q8a_unpack_q5_k(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
+    w += (int64_t)k0 / 256 * 176;
+    for (int b = 0; b < kc / 256; b++, w += 176) {
+        pg_q8a_k4_scales(w, pg_q8a_half(w), 0.0f - pg_q8a_half(w + 2), sw + 8 * b * ss, mw + 8 * b * ss, ss);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                q[256 * b + 64 * c + l] = (uint8_t)((w[48 + 32 * c + l] & 15) | ((w[16 + l] >> (2 * c)) & 1) << 4);
+                q[256 * b + 64 * c + 32 + l] = (uint8_t)((w[48 + 32 * c + l] >> 4) | ((w[16 + l] >> (2 * c + 1)) & 1) << 4);
             }
     }
 }
@@ -187,20 +242,28 @@ PG_Q8A_AVX2 static void pg_q8a_unpack_q6_k_avx2(const uint8_t *w, int k0, int kc
 #define PG_Q8A_WITH_AVX2(x) NULL
 #endif
 
-/* The int8-activation description of GGML type F, or NULL. */
+/* The int8-activation description of GGML type F, or NULL. unpack_avx2: the AVX2 unpacker of
+ * the formats whose raw rows the tile packs often enough to have one (NULL: the plain C one). */
 static inline const pg_q8a_fmt *pg_q8a_format(int F) {
-#define PG_Q8A_FMT(name, blk, bytes, group, kind, off) \
-    static const pg_q8a_fmt name = {blk, bytes, group, kind, off, pg_q8a_unpack_##name, \
-                                    PG_Q8A_WITH_AVX2(pg_q8a_unpack_##name##_avx2)};
-    PG_Q8A_FMT(q5_0, 32, 22, 32, PG_Q8A_OFFSET, 16)
-    PG_Q8A_FMT(q8_0, 32, 34, 32, PG_Q8A_SIGNED, 0)
-    PG_Q8A_FMT(q4_k, 256, 144, 32, PG_Q8A_MIN, 0)
-    PG_Q8A_FMT(q6_k, 256, 210, 16, PG_Q8A_OFFSET, 32)
+#define PG_Q8A_FMT(name, blk, bytes, group, kind, off, avx2) \
+    static const pg_q8a_fmt name = {blk, bytes, group, kind, off, pg_q8a_unpack_##name, avx2};
+    PG_Q8A_FMT(q4_0, 32, 18, 32, PG_Q8A_OFFSET, 8, NULL)
+    PG_Q8A_FMT(q4_1, 32, 20, 32, PG_Q8A_MIN, 0, NULL)
+    PG_Q8A_FMT(q5_0, 32, 22, 32, PG_Q8A_OFFSET, 16, PG_Q8A_WITH_AVX2(pg_q8a_unpack_q5_0_avx2))
+    PG_Q8A_FMT(q5_1, 32, 24, 32, PG_Q8A_MIN, 0, NULL)
+    PG_Q8A_FMT(q8_0, 32, 34, 32, PG_Q8A_SIGNED, 0, PG_Q8A_WITH_AVX2(pg_q8a_unpack_q8_0_avx2))
+    PG_Q8A_FMT(q4_k, 256, 144, 32, PG_Q8A_MIN, 0, PG_Q8A_WITH_AVX2(pg_q8a_unpack_q4_k_avx2))
+    PG_Q8A_FMT(q5_k, 256, 176, 32, PG_Q8A_MIN, 0, NULL)
+    PG_Q8A_FMT(q6_k, 256, 210, 16, PG_Q8A_OFFSET, 32, PG_Q8A_WITH_AVX2(pg_q8a_unpack_q6_k_avx2))
 #undef PG_Q8A_FMT
     switch (F) {
+        case PQ_Q4_0: return &q4_0;
+        case PQ_Q4_1: return &q4_1;
         case PQ_Q5_0: return &q5_0;
+        case PQ_Q5_1: return &q5_1;
         case PQ_Q8_0: return &q8_0;
         case PQ_Q4_K: return &q4_k;
+        case PQ_Q5_K: return &q5_k;
         case PQ_Q6_K: return &q6_k;
         default: return NULL;
     }

@@ -18,10 +18,14 @@
  * quant at k = 4 v + i (v = 0..7). Nibble formats store vectors 2j and 2j + 1 as the low and
  * high nibbles of one 64-byte "pair" j. Per record:
  *   Q8_0 (544 B): d f16 [16] | 8 vectors of the signed quants
+ *   Q4_0 (288 B): d f16 [16] | 4 pairs
+ *   Q4_1 (320 B): d f16 [16] | m f16 [16] | 4 pairs
  *   Q5_0 (352 B): d f16 [16] | 4 pairs (quants & 15) | a vector H, bit v of byte i = bit 4 of
  *                 vector v's byte i
+ *   Q5_1 (384 B): d f16 [16] | m f16 [16] | 4 pairs | H
  *   Q4_K (2304 B): 16 dwords of each row's block bytes 0-3 (d | dmin), 4-7, 8-11, 12-15 (the
  *                 packed 6-bit scales and mins, as stored) | per group g of 8: 4 pairs
+ *   Q5_K (2816 B): as Q4_K, each group's 4 pairs followed by its H
  *   Q6_K (3360 B): d f16 [16] | scales int8 [16 groups of 16][16 rows] | per group g of 8
  *                 (32 k, two scale groups): 4 pairs (quants & 15) | 2 vectors H_h, bits
  *                 2t..2t+1 of byte i = bits 4-5 of vector 4h + t's byte i
@@ -35,10 +39,18 @@
 
 #define PG_Q8P_R 16
 
+/* What the formats share (F a constant wherever it is inlined) */
+#define PG_Q8P_KQ(F) ((F) == PQ_Q4_K || (F) == PQ_Q5_K)    /* d | dmin, 12 bytes of 6-bit scales */
+#define PG_Q8P_DM(F) ((F) == PQ_Q4_1 || (F) == PQ_Q5_1)    /* fp16 d and m a block */
+#define PG_Q8P_MIN(F) (PG_Q8P_KQ(F) || PG_Q8P_DM(F))      /* w = sw * q + mw */
+#define PG_Q8P_H1(F) ((F) == PQ_Q5_0 || (F) == PQ_Q5_1 || (F) == PQ_Q5_K)   /* a fifth-bit plane */
+#define PG_Q8P_OFF(F) ((F) == PQ_Q4_0 ? 8 : (F) == PQ_Q5_0 ? 16 : (F) == PQ_Q6_K ? 32 : 0)
+
 /* 32-element groups of a block, and where group gg's quants start in a record */
-static inline int pg_q8p_groups(int F) { return F == PQ_Q4_K || F == PQ_Q6_K ? 8 : 1; }
+static inline int pg_q8p_groups(int F) { return PG_Q8P_KQ(F) || F == PQ_Q6_K ? 8 : 1; }
 static inline int pg_q8p_gq(int F, int gg) {
-    return F == PQ_Q4_K ? 256 + 256 * gg : F == PQ_Q6_K ? 288 + 384 * gg : 32;
+    return F == PQ_Q4_K ? 256 + 256 * gg : F == PQ_Q5_K ? 256 + 320 * gg : F == PQ_Q6_K ? 288 + 384 * gg
+           : PG_Q8P_DM(F) ? 64 : 32;
 }
 
 /* ---- repacking (plain C, once at load) and a row back as the file stores it ---- */
@@ -53,8 +65,9 @@ static inline __attribute__((always_inline)) void pg_q8p_pack_record(const pg_q8
     for (int l = 0; l < 16 && n + l < N; l++) {
         const uint8_t *src = W + (int64_t)(n + l) * wrb + (int64_t)b * BB;
         f->unpack(W + (int64_t)(n + l) * wrb, b * bs, bs, q, sw, mw, 1);
-        if (F == PQ_Q4_K) for (int w = 0; w < 4; w++) memcpy(rec + 64 * w + 4 * l, src + 4 * w, 4);
+        if (PG_Q8P_KQ(F)) for (int w = 0; w < 4; w++) memcpy(rec + 64 * w + 4 * l, src + 4 * w, 4);
         else memcpy(rec + 2 * l, src + (F == PQ_Q6_K ? 208 : 0), 2);
+        if (PG_Q8P_DM(F)) memcpy(rec + 32 + 2 * l, src + 2, 2);
         if (F == PQ_Q6_K) for (int s = 0; s < 16; s++) rec[32 + 16 * s + l] = src[192 + s];
         for (int gg = 0; gg < G; gg++) {
             uint8_t *gq = rec + pg_q8p_gq(F, gg);
@@ -69,7 +82,7 @@ static inline __attribute__((always_inline)) void pg_q8p_pack_record(const pg_q8
             for (int v = 0; v < 8; v++)
                 for (int i = 0; i < 4; i++) {
                     const int byte = 4 * l + i;
-                    if (F == PQ_Q5_0) gq[256 + byte] |= (uint8_t)(((x[4 * v + i] >> 4) & 1) << v);
+                    if (PG_Q8P_H1(F)) gq[256 + byte] |= (uint8_t)(((x[4 * v + i] >> 4) & 1) << v);
                     if (F == PQ_Q6_K) gq[256 + 64 * (v >> 2) + byte] |= (uint8_t)((x[4 * v + i] >> 4) << (2 * (v & 3)));
                 }
         }
@@ -102,7 +115,7 @@ static void pg_q8p_row(const pg_q8a_fmt *f, int F, const uint8_t *P, int K, int6
                     uint8_t x;
                     if (F == PQ_Q8_0) x = gq[64 * v + byte];
                     else x = (gq[64 * (v >> 1) + byte] >> (4 * (v & 1))) & 15;
-                    if (F == PQ_Q5_0) x |= (uint8_t)(((gq[256 + byte] >> v) & 1) << 4);
+                    if (PG_Q8P_H1(F)) x |= (uint8_t)(((gq[256 + byte] >> v) & 1) << 4);
                     if (F == PQ_Q6_K) x |= (uint8_t)(((gq[256 + 64 * (v >> 2) + byte] >> (2 * (v & 3))) & 3) << 4);
                     q[32 * gg + 4 * v + i] = x;
                 }
@@ -111,18 +124,25 @@ static void pg_q8p_row(const pg_q8a_fmt *f, int F, const uint8_t *P, int K, int6
         if (F == PQ_Q8_0) {
             memcpy(dst, rec + 2 * l, 2);
             memcpy(dst + 2, q, 32);
-        } else if (F == PQ_Q5_0) {
+        } else if (G == 1) {        /* Q4_0 / Q4_1 / Q5_0 / Q5_1: d (m) (qh) qs */
+            const int h = PG_Q8P_DM(F) ? 4 : 2;
             uint32_t qh = 0;
             memcpy(dst, rec + 2 * l, 2);
+            if (PG_Q8P_DM(F)) memcpy(dst + 2, rec + 32 + 2 * l, 2);
             for (int j = 0; j < 16; j++) {
-                dst[6 + j] = (uint8_t)((q[j] & 15) | (q[j + 16] & 15) << 4);
+                dst[h + (PG_Q8P_H1(F) ? 4 : 0) + j] = (uint8_t)((q[j] & 15) | (q[j + 16] & 15) << 4);
                 qh |= (uint32_t)(q[j] >> 4) << j | (uint32_t)(q[j + 16] >> 4) << (j + 16);
             }
-            memcpy(dst + 2, &qh, 4);
-        } else if (F == PQ_Q4_K) {
+            if (PG_Q8P_H1(F)) memcpy(dst + h, &qh, 4);
+        } else if (PG_Q8P_KQ(F)) {   /* Q5_K: its high bits between the scales and the nibbles */
+            const int qs = F == PQ_Q5_K ? 48 : 16;
             for (int w = 0; w < 4; w++) memcpy(dst + 4 * w, rec + 64 * w + 4 * l, 4);
             for (int c = 0; c < 4; c++)
-                for (int j = 0; j < 32; j++) dst[16 + 32 * c + j] = (uint8_t)(q[64 * c + j] | q[64 * c + 32 + j] << 4);
+                for (int j = 0; j < 32; j++) {
+                    dst[qs + 32 * c + j] = (uint8_t)((q[64 * c + j] & 15) | (q[64 * c + 32 + j] & 15) << 4);
+                    if (F == PQ_Q5_K)
+                        dst[16 + j] |= (uint8_t)((q[64 * c + j] >> 4) << (2 * c) | (q[64 * c + 32 + j] >> 4) << (2 * c + 1));
+                }
         } else {   /* Q6_K: half h, element 32 t + j: nibble t >> 1 of ql[j + 32 (t & 1)], bits 2t of qh[j] */
             memcpy(dst + 208, rec + 2 * l, 2);
             for (int s = 0; s < 16; s++) dst[192 + s] = rec[32 + 16 * s + l];
@@ -155,10 +175,10 @@ static int pagedcy_q8p_repack(int F, const uint8_t *W, int64_t wrb, int N, int K
     if (!q) return -1;
     float *sw = (float *)(q + f->block), *mw = sw + 16;
     switch (F) {
-        case PQ_Q4_K: pg_q8p_pack_panels(f, PQ_Q4_K, W, wrb, N, K, p0, p1, P, q, sw, mw); break;
-        case PQ_Q6_K: pg_q8p_pack_panels(f, PQ_Q6_K, W, wrb, N, K, p0, p1, P, q, sw, mw); break;
-        case PQ_Q8_0: pg_q8p_pack_panels(f, PQ_Q8_0, W, wrb, N, K, p0, p1, P, q, sw, mw); break;
-        default: pg_q8p_pack_panels(f, PQ_Q5_0, W, wrb, N, K, p0, p1, P, q, sw, mw); break;
+#define PG_Q8P_CASE(T) case T: pg_q8p_pack_panels(f, T, W, wrb, N, K, p0, p1, P, q, sw, mw); break;
+        PG_Q8P_CASE(PQ_Q4_0) PG_Q8P_CASE(PQ_Q4_1) PG_Q8P_CASE(PQ_Q5_0) PG_Q8P_CASE(PQ_Q5_1)
+        PG_Q8P_CASE(PQ_Q8_0) PG_Q8P_CASE(PQ_Q4_K) PG_Q8P_CASE(PQ_Q5_K) PG_Q8P_CASE(PQ_Q6_K)
+#undef PG_Q8P_CASE
     }
     free(q);
     return 0;
@@ -186,7 +206,7 @@ PG_AVX2_INLINE void pg_q8p_pair_y(const int F, const uint8_t *gq, int j, int h, 
     }
     const __m256i m4 = _mm256_set1_epi8(15), z = _mm256_loadu_si256((const __m256i *)(gq + 64 * j + 32 * h));
     __m256i a = _mm256_and_si256(z, m4), b = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
-    if (F == PQ_Q5_0) {
+    if (PG_Q8P_H1(F)) {
         const __m256i m10 = _mm256_set1_epi8(0x10), H = _mm256_loadu_si256((const __m256i *)(gq + 256 + 32 * h));
         a = _mm256_or_si256(a, _mm256_and_si256(PG_Q8P_SHL4(_mm256, H, 2 * j), m10));
         b = _mm256_or_si256(b, _mm256_and_si256(PG_Q8P_SHL4(_mm256, H, 2 * j + 1), m10));
@@ -224,22 +244,23 @@ PG_AVX2_INLINE void pg_q8p_pair_y(const int F, const uint8_t *gq, int j, int h, 
         mw = P##_mul_ps(ndm, P##_cvtepi32_ps(PG_Q8P_BYTE(P, S, MN[(gg) >> 2], (gg) & 3)));           \
     } while (0)
 
-/* Half h's per-record scale state: Q4_K's d / ndm and scale dwords, the others' d. */
-typedef struct { __m256 d, ndm; __m256i SC[2], MN[2]; } pg_q8p_sc_y;
+/* Half h's per-record scale state: d; mv the min's factor (-dmin for the K-quants, m for Q4_1 /
+ * Q5_1); the K-quants' 6-bit scales and mins as bytes. */
+typedef struct { __m256 d, mv; __m256i SC[2], MN[2]; } pg_q8p_sc_y;
 
 PG_AVX2_INLINE pg_q8p_sc_y pg_q8p_scales_y(const int F, const uint8_t *rec, int h) {
     pg_q8p_sc_y s;
-    if (F == PQ_Q4_K) {
+    if (PG_Q8P_KQ(F)) {
         const __m256i D = _mm256_loadu_si256((const __m256i *)(rec + 32 * h));
         s.d = pg_q8a_h2f_y(D);
-        s.ndm = _mm256_sub_ps(_mm256_setzero_ps(), pg_q8a_h2f_y(_mm256_srli_epi32(D, 16)));
+        s.mv = _mm256_sub_ps(_mm256_setzero_ps(), pg_q8a_h2f_y(_mm256_srli_epi32(D, 16)));
         const __m256i Q0 = _mm256_loadu_si256((const __m256i *)(rec + 64 + 32 * h));
         const __m256i Q1 = _mm256_loadu_si256((const __m256i *)(rec + 128 + 32 * h));
         const __m256i Q2 = _mm256_loadu_si256((const __m256i *)(rec + 192 + 32 * h));
         PG_Q8P_K4_BYTES(_mm256, si256, Q0, Q1, Q2, s.SC, s.MN);
     } else {
         s.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * h)));
-        s.ndm = s.d;
+        s.mv = PG_Q8P_DM(F) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 32 + 16 * h))) : s.d;
         s.SC[0] = s.SC[1] = s.MN[0] = s.MN[1] = _mm256_setzero_si256();
     }
     return s;
@@ -250,7 +271,8 @@ PG_AVX2_INLINE __m256 pg_q8p_sw_y(const int F, const pg_q8p_sc_y *s, const uint8
                                   __m256 *mw) {
     __m256 sw = s->d;
     *mw = _mm256_setzero_ps();
-    if (F == PQ_Q4_K) PG_Q8P_K4(_mm256, si256, s->SC, s->MN, s->d, s->ndm, gg, sw, *mw);
+    if (PG_Q8P_DM(F)) *mw = s->mv;
+    if (PG_Q8P_KQ(F)) PG_Q8P_K4(_mm256, si256, s->SC, s->MN, s->d, s->mv, gg, sw, *mw);
     if (F == PQ_Q6_K) {
         const __m128i sc = _mm_loadl_epi64((const __m128i *)(rec + 32 + 16 * (2 * gg + sub) + 8 * h));
         sw = _mm256_mul_ps(s->d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
@@ -291,10 +313,11 @@ PG_AVX2_INLINE __m256i pg_q8p_dot_y(const int F, __m256i acc, __m256i u, __m256i
 }
 
 /* Pairs of nibble vectors whose vpmaddubsw results add up in int16 before widening: each
- * int16 lane sums 4 products per pair, |q| * 127 each, so 4 pairs of Q4_K (16 * 15 * 127 =
- * 30480), 2 of Q5_0 (8 * 31 * 127 = 31496), 1 of Q6_K (4 * 63 * 127 = 32004) stay below 2^15:
+ * int16 lane sums 4 products per pair, |q| * 127 each, so 4 pairs of the 4-bit formats (16 *
+ * 15 * 127 = 30480), 2 of the 5-bit ones (8 * 31 * 127 = 31496), 1 of Q6_K (4 * 63 * 127 =
+ * 32004) stay below 2^15:
  * the same exact integer sums with fewer ops. */
-#define PG_Q8P_I16(F) ((F) == PQ_Q4_K ? 4 : (F) == PQ_Q5_0 ? 2 : 1)
+#define PG_Q8P_I16(F) (PG_Q8P_H1(F) ? 2 : (F) == PQ_Q6_K ? 1 : 4)
 
 PG_AVX2_INLINE __m256i pg_q8p_bcast_y(const int8_t *p) {
     int32_t v;
@@ -306,10 +329,10 @@ PG_AVX2_INLINE __m256i pg_q8p_bcast_y(const int8_t *p) {
  * S the group's sums of activations */
 #define PG_Q8P_LINK(P, F, acc, sw, mw, dav, Iv_, S)                                                 \
     do {                                                                                        \
-        const int off_ = (F) == PQ_Q5_0 ? 16 : (F) == PQ_Q6_K ? 32 : (F) == PQ_Q8_0 && (P##_LINK_SIGNED) ? 128 : 0; \
+        const int off_ = (F) == PQ_Q8_0 && (P##_LINK_SIGNED) ? 128 : PG_Q8P_OFF(F);               \
         const __typeof__(Iv_) Ic_ = off_ ? P##_sub_epi32(Iv_, P##_set1_epi32(off_ * (S))) : (Iv_);       \
         acc = P##_fmadd_ps(P##_mul_ps(sw, dav), P##_cvtepi32_ps(Ic_), acc);                       \
-        if ((F) == PQ_Q4_K) acc = P##_fmadd_ps(P##_mul_ps(mw, dav), P##_set1_ps((float)(S)), acc); \
+        if (PG_Q8P_MIN(F)) acc = P##_fmadd_ps(P##_mul_ps(mw, dav), P##_set1_ps((float)(S)), acc); \
     } while (0)
 #define _mm256_LINK_SIGNED 0   /* AVX2 sums Q8_0's signed quants directly */
 #define _mm512_LINK_SIGNED 1   /* AVX-512 sums q + 128 (vpdpbusd is u8 x s8) */
@@ -349,7 +372,7 @@ static void pg_q8p_tune(int pfd, int loc) { (void)pfd; (void)loc; }
             /* Q4_K: the block's scales and mins for both halves up front (too many registers to \
              * keep the unpacked bytes of both halves live through the groups) */                 \
             __m256 swb[2][8], mwb[2][8];                                                                  \
-            if ((F) == PQ_Q4_K)                                                                           \
+            if (PG_Q8P_KQ(F))                                                                             \
                 PG_UNROLL for (int h = 0; h < 2; h++)                                                     \
                     PG_UNROLL for (int q = 0; q < 8; q++) swb[h][q] = pg_q8p_sw_y(F, &s[h], rec, q, 0, h, &mwb[h][q]); \
             for (int gg = 0; gg < G; gg++) {                                                              \
@@ -385,8 +408,8 @@ static void pg_q8p_tune(int pfd, int loc) { (void)pfd; (void)loc; }
                         }                                                                                 \
                     }                                                                                     \
                     if ((F) != PQ_Q6_K) {                                                                 \
-                        __m256 mw = _mm256_setzero_ps(), sw = s[h].d;                                     \
-                        if ((F) == PQ_Q4_K) { sw = swb[h][gg]; mw = mwb[h][gg]; }                         \
+                        __m256 mw = s[h].mv, sw = s[h].d;                                                 \
+                        if (PG_Q8P_KQ(F)) { sw = swb[h][gg]; mw = mwb[h][gg]; }                           \
                         PG_UNROLL for (int i = 0; i < MR_; i++)                                           \
                             PG_Q8P_LINK(_mm256, F, acc[h][i], sw, mw, _mm256_set1_ps(da[i][g]), Is[i],     \
                                         s16[i][2 * g] + s16[i][2 * g + 1]);                               \
@@ -404,8 +427,10 @@ PG_AVX2_INLINE void pg_q8p_store_y(float *c, __m256 v, int n) {
 }
 
 #define PG_Q8P_FORMATS(T, ISA, MR)                                                                   \
-    T(pg_q8p_kern_##ISA##_q4k_##MR, PQ_Q4_K, MR) T(pg_q8p_kern_##ISA##_q6k_##MR, PQ_Q6_K, MR)        \
-    T(pg_q8p_kern_##ISA##_q8_0_##MR, PQ_Q8_0, MR) T(pg_q8p_kern_##ISA##_q5_0_##MR, PQ_Q5_0, MR)
+    T(pg_q8p_kern_##ISA##_q4_0_##MR, PQ_Q4_0, MR) T(pg_q8p_kern_##ISA##_q4_1_##MR, PQ_Q4_1, MR)      \
+    T(pg_q8p_kern_##ISA##_q5_0_##MR, PQ_Q5_0, MR) T(pg_q8p_kern_##ISA##_q5_1_##MR, PQ_Q5_1, MR)      \
+    T(pg_q8p_kern_##ISA##_q8_0_##MR, PQ_Q8_0, MR) T(pg_q8p_kern_##ISA##_q4_k_##MR, PQ_Q4_K, MR)      \
+    T(pg_q8p_kern_##ISA##_q5_k_##MR, PQ_Q5_K, MR) T(pg_q8p_kern_##ISA##_q6_k_##MR, PQ_Q6_K, MR)
 #define PG_Q8P_MRS(T, ISA) PG_Q8P_FORMATS(T, ISA, 1) PG_Q8P_FORMATS(T, ISA, 2) PG_Q8P_FORMATS(T, ISA, 3) \
     PG_Q8P_FORMATS(T, ISA, 4)
 PG_Q8P_MRS(PG_Q8P_KERN_Y, avx2)
@@ -420,7 +445,7 @@ PG_AVX512_INLINE void pg_q8p_pair_z(const int F, const uint8_t *gq, int j, __m51
     }
     const __m512i m4 = _mm512_set1_epi8(15), z = _mm512_loadu_si512(gq + 64 * j);
     __m512i a = _mm512_and_si512(z, m4), b = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
-    if (F == PQ_Q5_0) {   /* (lo nibble) | (bit v at bit 4): ternlog 0xF8 = a | (b & c) */
+    if (PG_Q8P_H1(F)) {   /* (lo nibble) | (bit v at bit 4): ternlog 0xF8 = a | (b & c) */
         const __m512i m10 = _mm512_set1_epi8(0x10), H = _mm512_loadu_si512(gq + 256);
         a = _mm512_ternarylogic_epi32(a, PG_Q8P_SHL4(_mm512, H, 2 * j), m10, 0xF8);
         b = _mm512_ternarylogic_epi32(b, PG_Q8P_SHL4(_mm512, H, 2 * j + 1), m10, 0xF8);
@@ -442,16 +467,17 @@ PG_AVX512_INLINE void pg_q8p_pair_z(const int F, const uint8_t *gq, int j, __m51
         PG_UNROLL for (int i = 0; i < MR_; i++) acc[i] = _mm512_setzero_ps();                             \
         for (int b = 0; b < NB; b++) {                                                                    \
             const uint8_t *rec = pan + (int64_t)b * BB;                                                   \
-            __m512 d, ndm = _mm512_setzero_ps();                                                          \
+            __m512 d, mv = _mm512_setzero_ps();     /* -dmin (K-quants) or m (Q4_1 / Q5_1) */             \
             __m512i SC[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}, MN[2] = {SC[0], SC[0]};    \
-            if ((F) == PQ_Q4_K) {                                                                         \
+            if (PG_Q8P_KQ(F)) {                                                                           \
                 const __m512i D = _mm512_loadu_si512(rec);                                                \
                 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D));                                            \
-                ndm = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(D, 16)))); \
+                mv = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(D, 16)))); \
                 PG_Q8P_K4_BYTES(_mm512, si512, _mm512_loadu_si512(rec + 64), _mm512_loadu_si512(rec + 128), \
                                 _mm512_loadu_si512(rec + 192), SC, MN);                                    \
             } else {                                                                                      \
                 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));                            \
+                if (PG_Q8P_DM(F)) mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 32)));  \
             }                                                                                             \
             for (int gg = 0; gg < G; gg++) {                                                              \
                 const uint8_t *gq = rec + pg_q8p_gq(F, gg);                                               \
@@ -479,8 +505,8 @@ PG_AVX512_INLINE void pg_q8p_pair_z(const int F, const uint8_t *gq, int j, __m51
                     }                                                                                     \
                 }                                                                                         \
                 if ((F) != PQ_Q6_K) {                                                                     \
-                    __m512 sw = d, mw = ndm;                                                              \
-                    if ((F) == PQ_Q4_K) PG_Q8P_K4(_mm512, si512, SC, MN, d, ndm, gg, sw, mw); \
+                    __m512 sw = d, mw = mv;                                                               \
+                    if (PG_Q8P_KQ(F)) PG_Q8P_K4(_mm512, si512, SC, MN, d, mv, gg, sw, mw);                \
                     PG_UNROLL for (int i = 0; i < MR_; i++)                                               \
                         PG_Q8P_LINK(_mm512, F, acc[i], sw, mw, _mm512_set1_ps(da[i][g]), Is[i],            \
                                     s16[i][2 * g] + s16[i][2 * g + 1]);                                   \
@@ -495,14 +521,15 @@ PG_Q8P_MRS(PG_Q8P_KERN_Z, avx512)
 typedef void (*pg_q8p_kern_fn)(const uint8_t *, int, const pg_q8a *, int, float *, int64_t, int);
 
 static pg_q8p_kern_fn pg_q8p_kernel(int level, int F, int mr) {
-#define PG_Q8P_PICK(ISA)                                                                         \
-    {{pg_q8p_kern_##ISA##_q4k_1, pg_q8p_kern_##ISA##_q4k_2, pg_q8p_kern_##ISA##_q4k_3, pg_q8p_kern_##ISA##_q4k_4}, \
-     {pg_q8p_kern_##ISA##_q6k_1, pg_q8p_kern_##ISA##_q6k_2, pg_q8p_kern_##ISA##_q6k_3, pg_q8p_kern_##ISA##_q6k_4}, \
-     {pg_q8p_kern_##ISA##_q8_0_1, pg_q8p_kern_##ISA##_q8_0_2, pg_q8p_kern_##ISA##_q8_0_3, pg_q8p_kern_##ISA##_q8_0_4}, \
-     {pg_q8p_kern_##ISA##_q5_0_1, pg_q8p_kern_##ISA##_q5_0_2, pg_q8p_kern_##ISA##_q5_0_3, pg_q8p_kern_##ISA##_q5_0_4}}
-    static const pg_q8p_kern_fn z[4][4] = PG_Q8P_PICK(avx512), y[4][4] = PG_Q8P_PICK(avx2);
+#define PG_Q8P_ROW(ISA, f) {pg_q8p_kern_##ISA##_##f##_1, pg_q8p_kern_##ISA##_##f##_2, pg_q8p_kern_##ISA##_##f##_3, \
+                            pg_q8p_kern_##ISA##_##f##_4}
+#define PG_Q8P_PICK(ISA) {PG_Q8P_ROW(ISA, q4_0), PG_Q8P_ROW(ISA, q4_1), PG_Q8P_ROW(ISA, q5_0), PG_Q8P_ROW(ISA, q5_1), \
+                          PG_Q8P_ROW(ISA, q8_0), PG_Q8P_ROW(ISA, q4_k), PG_Q8P_ROW(ISA, q5_k), PG_Q8P_ROW(ISA, q6_k)}
+    static const pg_q8p_kern_fn z[8][4] = PG_Q8P_PICK(avx512), y[8][4] = PG_Q8P_PICK(avx2);
 #undef PG_Q8P_PICK
-    const int fi = F == PQ_Q4_K ? 0 : F == PQ_Q6_K ? 1 : F == PQ_Q8_0 ? 2 : 3;
+#undef PG_Q8P_ROW
+    const int fi = F == PQ_Q4_0 ? 0 : F == PQ_Q4_1 ? 1 : F == PQ_Q5_0 ? 2 : F == PQ_Q5_1 ? 3 : F == PQ_Q8_0 ? 4
+                 : F == PQ_Q4_K ? 5 : F == PQ_Q5_K ? 6 : 7;
     return (level == 2 ? z : y)[fi][mr - 1];
 }
 #endif /* PG_HAVE_SIMD */
