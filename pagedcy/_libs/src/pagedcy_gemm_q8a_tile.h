@@ -49,7 +49,7 @@ static void pg_q8a_pack(const pg_q8a_src *src, int n, int nb, int K, int L, int 
             const uint8_t *pan = src->P + (int64_t)(r0 / 16) * NB * BB;
             for (int b = 0; b < NB; b++)
                 for (int h = L == 16 ? 0 : (r0 / 8) & 1; h < (L == 16 ? 2 : ((r0 / 8) & 1) + 1); h++)
-                    pg_q8p_expand_y(src->F, pan + (int64_t)b * BB, h, L, L == 16 ? 8 * h : 0, (int64_t)b * f->block / 4,
+                    pg_q8p_expand_avx2(src->F, pan + (int64_t)b * BB, h, L, L == 16 ? 8 * h : 0, (int64_t)b * f->block / 4,
                                     b * gpb, q, sw, mw);
         }
         return;

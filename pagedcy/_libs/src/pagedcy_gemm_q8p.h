@@ -198,7 +198,7 @@ static int pagedcy_q8p_repack(int F, const uint8_t *W, int64_t wrb, int N, int K
 
 /* Vectors 2j and 2j + 1 of the group whose quants start at gq: the format's quant bytes
  * (Q8_0 signed, the others 0..15 / 0..31 / 0..63). */
-PG_AVX2_INLINE void pg_q8p_pair_y(const int F, const uint8_t *gq, int j, int h, __m256i *u0, __m256i *u1) {
+PG_AVX2_INLINE void pg_q8p_pair_avx2(const int F, const uint8_t *gq, int j, int h, __m256i *u0, __m256i *u1) {
     if (F == PQ_Q8_0) {
         *u0 = _mm256_loadu_si256((const __m256i *)(gq + 128 * j + 32 * h));
         *u1 = _mm256_loadu_si256((const __m256i *)(gq + 128 * j + 64 + 32 * h));
@@ -246,10 +246,10 @@ PG_AVX2_INLINE void pg_q8p_pair_y(const int F, const uint8_t *gq, int j, int h, 
 
 /* Half h's per-record scale state: d; mv the min's factor (-dmin for the K-quants, m for Q4_1 /
  * Q5_1); the K-quants' 6-bit scales and mins as bytes. */
-typedef struct { __m256 d, mv; __m256i SC[2], MN[2]; } pg_q8p_sc_y;
+typedef struct { __m256 d, mv; __m256i SC[2], MN[2]; } pg_q8p_sc_avx2;
 
-PG_AVX2_INLINE pg_q8p_sc_y pg_q8p_scales_y(const int F, const uint8_t *rec, int h) {
-    pg_q8p_sc_y s;
+PG_AVX2_INLINE pg_q8p_sc_avx2 pg_q8p_scales_avx2(const int F, const uint8_t *rec, int h) {
+    pg_q8p_sc_avx2 s;
     if (PG_Q8P_KQ(F)) {
         const __m256i D = _mm256_loadu_si256((const __m256i *)(rec + 32 * h));
         s.d = pg_q8a_h2f_y(D);
@@ -267,7 +267,7 @@ PG_AVX2_INLINE pg_q8p_sc_y pg_q8p_scales_y(const int F, const uint8_t *rec, int 
 }
 
 /* Scale of group gg (scale group sub of a Q6_K group) and Q4_K's min, half h */
-PG_AVX2_INLINE __m256 pg_q8p_sw_y(const int F, const pg_q8p_sc_y *s, const uint8_t *rec, int gg, int sub, int h,
+PG_AVX2_INLINE __m256 pg_q8p_sw_avx2(const int F, const pg_q8p_sc_avx2 *s, const uint8_t *rec, int gg, int sub, int h,
                                   __m256 *mw) {
     __m256 sw = s->d;
     *mw = _mm256_setzero_ps();
@@ -283,21 +283,21 @@ PG_AVX2_INLINE __m256 pg_q8p_sw_y(const int F, const pg_q8p_sc_y *s, const uint8
 /* Rows of a record (half h) into the packed tile's sub-panel of L = 8 (q [K/4][8][4] bytes,
  * sw / mw [groups][8]) or, twice, of L = 16 (lane offset 8 h): k4 the record's first k / 4, g0
  * its first scale group. */
-PG_AVX2 static void pg_q8p_expand_y(const int F, const uint8_t *rec, int h, int L, int lo, int64_t k4, int g0,
+PG_AVX2 static void pg_q8p_expand_avx2(const int F, const uint8_t *rec, int h, int L, int lo, int64_t k4, int g0,
                                     uint8_t *q, float *sw, float *mw) {
-    const pg_q8p_sc_y s = pg_q8p_scales_y(F, rec, h);
+    const pg_q8p_sc_avx2 s = pg_q8p_scales_avx2(F, rec, h);
     const int G = pg_q8p_groups(F), subs = F == PQ_Q6_K ? 2 : 1;
     for (int gg = 0; gg < G; gg++) {
         const uint8_t *gq = rec + pg_q8p_gq(F, gg);
         for (int j = 0; j < 4; j++) {
             __m256i u0, u1;
-            pg_q8p_pair_y(F, gq, j, h, &u0, &u1);
+            pg_q8p_pair_avx2(F, gq, j, h, &u0, &u1);
             _mm256_storeu_si256((__m256i *)(q + ((k4 + 8 * gg + 2 * j) * L + lo) * 4), u0);
             _mm256_storeu_si256((__m256i *)(q + ((k4 + 8 * gg + 2 * j + 1) * L + lo) * 4), u1);
         }
         for (int sub = 0; sub < subs; sub++) {
             __m256 m;
-            const __m256 w = pg_q8p_sw_y(F, &s, rec, gg, sub, h, &m);
+            const __m256 w = pg_q8p_sw_avx2(F, &s, rec, gg, sub, h, &m);
             const int64_t g = g0 + subs * gg + sub;
             _mm256_storeu_ps(sw + g * L + lo, w);
             _mm256_storeu_ps(mw + g * L + lo, m);
@@ -307,7 +307,7 @@ PG_AVX2 static void pg_q8p_expand_y(const int F, const uint8_t *rec, int h, int 
 
 /* u8 x s8 sums of 4 into int32 lanes (vpmaddubsw pairs stay exact: see pagedcy_gemm_q8a.h);
  * Q8_0's signed quants as |q| x (a with q's sign). */
-PG_AVX2_INLINE __m256i pg_q8p_dot_y(const int F, __m256i acc, __m256i u, __m256i ab) {
+PG_AVX2_INLINE __m256i pg_q8p_dot_avx2(const int F, __m256i acc, __m256i u, __m256i ab) {
     if (F == PQ_Q8_0) return _mm256_add_epi32(acc, pg_q8a_dot_y(_mm256_sign_epi8(u, u), _mm256_sign_epi8(ab, u)));
     return _mm256_add_epi32(acc, pg_q8a_dot_y(u, ab));
 }
@@ -319,7 +319,7 @@ PG_AVX2_INLINE __m256i pg_q8p_dot_y(const int F, __m256i acc, __m256i u, __m256i
  * the same exact integer sums with fewer ops. */
 #define PG_Q8P_I16(F) (PG_Q8P_H1(F) ? 2 : (F) == PQ_Q6_K ? 1 : 4)
 
-PG_AVX2_INLINE __m256i pg_q8p_bcast_y(const int8_t *p) {
+PG_AVX2_INLINE __m256i pg_q8p_bcast_avx2(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
@@ -368,13 +368,13 @@ static void pg_q8p_tune(int pfd, int loc) { (void)pfd; (void)loc; }
         for (int b = 0; b < NB; b++) {                                                                    \
             const uint8_t *rec = pan + (int64_t)b * BB;                                                   \
             PG_Q8P_PF(rec);                                                                               \
-            const pg_q8p_sc_y s[2] = {pg_q8p_scales_y(F, rec, 0), pg_q8p_scales_y(F, rec, 1)};             \
+            const pg_q8p_sc_avx2 s[2] = {pg_q8p_scales_avx2(F, rec, 0), pg_q8p_scales_avx2(F, rec, 1)};             \
             /* Q4_K: the block's scales and mins for both halves up front (too many registers to \
              * keep the unpacked bytes of both halves live through the groups) */                 \
             __m256 swb[2][8], mwb[2][8];                                                                  \
             if (PG_Q8P_KQ(F))                                                                             \
                 PG_UNROLL for (int h = 0; h < 2; h++)                                                     \
-                    PG_UNROLL for (int q = 0; q < 8; q++) swb[h][q] = pg_q8p_sw_y(F, &s[h], rec, q, 0, h, &mwb[h][q]); \
+                    PG_UNROLL for (int q = 0; q < 8; q++) swb[h][q] = pg_q8p_sw_avx2(F, &s[h], rec, q, 0, h, &mwb[h][q]); \
             for (int gg = 0; gg < G; gg++) {                                                              \
                 const uint8_t *gq = rec + pg_q8p_gq(F, gg);                                               \
                 const int g = b * G + gg;                                                                 \
@@ -385,12 +385,12 @@ static void pg_q8p_tune(int pfd, int loc) { (void)pfd; (void)loc; }
                     PG_UNROLL for (int i = 0; i < MR_; i++) Is[i] = P16[i] = _mm256_setzero_si256();      \
                     PG_UNROLL for (int j = 0; j < 4; j++) {                                               \
                         __m256i u0, u1;                                                                   \
-                        pg_q8p_pair_y(F, gq, j, h, &u0, &u1);                                             \
+                        pg_q8p_pair_avx2(F, gq, j, h, &u0, &u1);                                             \
                         PG_UNROLL for (int i = 0; i < MR_; i++) {                                         \
-                            const __m256i b0 = pg_q8p_bcast_y(qa[i] + 32 * g + 8 * j);                    \
-                            const __m256i b1 = pg_q8p_bcast_y(qa[i] + 32 * g + 8 * j + 4);                \
+                            const __m256i b0 = pg_q8p_bcast_avx2(qa[i] + 32 * g + 8 * j);                    \
+                            const __m256i b1 = pg_q8p_bcast_avx2(qa[i] + 32 * g + 8 * j + 4);                \
                             if ((F) == PQ_Q8_0) {                                                         \
-                                Is[i] = pg_q8p_dot_y(F, pg_q8p_dot_y(F, Is[i], u0, b0), u1, b1);          \
+                                Is[i] = pg_q8p_dot_avx2(F, pg_q8p_dot_avx2(F, Is[i], u0, b0), u1, b1);          \
                             } else {  /* int16 sums of pairs of products, widened every PG_Q8P_I16(F) pairs */ \
                                 const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(u0, b0), _mm256_maddubs_epi16(u1, b1)); \
                                 P16[i] = j % PG_Q8P_I16(F) ? _mm256_add_epi16(P16[i], t) : t;              \
@@ -400,7 +400,7 @@ static void pg_q8p_tune(int pfd, int loc) { (void)pfd; (void)loc; }
                         }                                                                                 \
                         if ((F) == PQ_Q6_K && (j == 1 || j == 3)) {     /* a scale group of 16 ends */   \
                             __m256 mw;                                                                    \
-                            const __m256 sw = pg_q8p_sw_y(F, &s[h], rec, gg, j >> 1, h, &mw);             \
+                            const __m256 sw = pg_q8p_sw_avx2(F, &s[h], rec, gg, j >> 1, h, &mw);             \
                             PG_UNROLL for (int i = 0; i < MR_; i++) {                                     \
                                 PG_Q8P_LINK(_mm256, F, acc[h][i], sw, mw, _mm256_set1_ps(da[i][g]), Is[i], s16[i][2 * g + (j >> 1)]); \
                                 Is[i] = _mm256_setzero_si256();                                            \
@@ -418,10 +418,10 @@ static void pg_q8p_tune(int pfd, int loc) { (void)pfd; (void)loc; }
             }                                                                                             \
         }                                                                                                 \
         PG_UNROLL for (int h = 0; h < 2; h++)                                                             \
-            PG_UNROLL for (int i = 0; i < MR_; i++) pg_q8p_store_y(C + (int64_t)i * ldc + 8 * h, acc[h][i], nv - 8 * h); \
+            PG_UNROLL for (int i = 0; i < MR_; i++) pg_q8p_store_avx2(C + (int64_t)i * ldc + 8 * h, acc[h][i], nv - 8 * h); \
     }
 
-PG_AVX2_INLINE void pg_q8p_store_y(float *c, __m256 v, int n) {
+PG_AVX2_INLINE void pg_q8p_store_avx2(float *c, __m256 v, int n) {
     if (n >= 8) _mm256_storeu_ps(c, v);
     else if (n > 0) _mm256_maskstore_ps(c, pg_mask8(n), v);
 }
@@ -436,7 +436,7 @@ PG_AVX2_INLINE void pg_q8p_store_y(float *c, __m256 v, int n) {
 PG_Q8P_MRS(PG_Q8P_KERN_Y, avx2)
 
 /* ---- AVX-512 VNNI: all 16 rows of a panel in one vector ---- */
-PG_AVX512_INLINE void pg_q8p_pair_z(const int F, const uint8_t *gq, int j, __m512i *u0, __m512i *u1) {
+PG_AVX512_INLINE void pg_q8p_pair_avx512(const int F, const uint8_t *gq, int j, __m512i *u0, __m512i *u1) {
     if (F == PQ_Q8_0) {      /* q ^ 0x80 = q + 128 as unsigned (the link takes 128 S off) */
         const __m512i x80 = _mm512_set1_epi8((char)0x80);
         *u0 = _mm512_xor_si512(_mm512_loadu_si512(gq + 128 * j), x80);
@@ -487,7 +487,7 @@ PG_AVX512_INLINE void pg_q8p_pair_z(const int F, const uint8_t *gq, int j, __m51
                 PG_UNROLL for (int i = 0; i < MR_; i++) Is[i] = _mm512_setzero_si512();                    \
                 PG_UNROLL for (int j = 0; j < 4; j++) {                                                   \
                     __m512i u0, u1;                                                                       \
-                    pg_q8p_pair_z(F, gq, j, &u0, &u1);                                                    \
+                    pg_q8p_pair_avx512(F, gq, j, &u0, &u1);                                                    \
                     PG_UNROLL for (int i = 0; i < MR_; i++) {                                             \
                         int32_t a0, a1;                                                                   \
                         memcpy(&a0, qa[i] + 32 * g + 8 * j, 4);                                           \
