@@ -35,16 +35,6 @@ cdef extern from "pagedcy_gemm.h" nogil:
 cdef extern from "pagedcy_quant.h" nogil:
     const pagedcy_rowfmt *pagedcy_quant_rowfmt(int ggml_type, int simd_level)
 
-cdef extern from "pagedcy_gemm_q8a.h" nogil:
-    ctypedef struct pg_q8a:
-        int K
-        const int8_t *qa
-        const float *da
-        const int32_t *s16
-    void pg_q8a_quantize(int level, int M, int K, const float *A, int64_t lda, int8_t *qa, float *da,
-                         int32_t *s16)
-    int pagedcy_gemm_q8a(int simd, int F, int M, int n0, int n1, const pg_q8a *a, const void *W,
-                         int64_t w_row_bytes, float *C, int64_t ldc)
 
 # A call runs on one thread unless its weight has PARALLEL_WEIGHT_BYTES as float32 (the memory-bound
 # case, few rows) or it does PARALLEL_MACS multiply-adds (compute-bound, many rows): waking an

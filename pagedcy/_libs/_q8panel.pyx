@@ -14,9 +14,9 @@ the same int8 activations, integer sums and float chain, on every path and SIMD 
 import numpy as np
 cimport numpy as cnp
 from cython.parallel cimport prange
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 
-from pagedcy._libs._gemm cimport _nthreads
+from pagedcy._libs._gemm cimport _nthreads, pg_q8a, pg_q8a_quantize_tls
 from pagedcy._libs._layers cimport _f32, _overlap
 from pagedcy._libs._gemm import BLOCK_FORMATS, Q8A_FORMATS
 from pagedcy._libs._threads import resolve_num_threads

@@ -40,61 +40,33 @@ static inline float pg_q8a_half(const uint8_t *p) {
     return pagedcy_f16_to_f32(h);
 }
 
-/* Q5_0: element j (j < 16) is the low nibble of qs[j], element j + 16 the high one, and bit
- * j (j + 16) of qh is their bit 4; q = 0..31, the -16 is the offset. */
-static void pg_q8a_unpack_q5_0(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
-    (void)mw;
-    w += (int64_t)k0 / 32 * 22;
-    for (int g = 0; g < kc / 32; g++, w += 22) {
-        uint32_t qh;
-        memcpy(&qh, w + 2, 4);
-        for (int j = 0; j < 16; j++) {
-            q[32 * g + j] = (uint8_t)((w[6 + j] & 15) | ((qh >> j) & 1) << 4);
-            q[32 * g + j + 16] = (uint8_t)((w[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
-        }
-        sw[g * ss] = pg_q8a_half(w);
+/* The 32 quants of a Q4_0 / Q4_1 / Q5_0 / Q5_1 block as bytes: element j (j < 16) is the low
+ * nibble of qs[j], element j + 16 the high one; with qh (the 5-bit formats), bit j (j + 16) of
+ * its little-endian uint32 is their bit 4. */
+static inline void pg_q8a_q4q5(const uint8_t *qs, const uint8_t *qh, uint8_t *q) {
+    uint32_t h = 0;
+    if (qh) memcpy(&h, qh, 4);
+    for (int j = 0; j < 16; j++) {
+        q[j] = (uint8_t)((qs[j] & 15) | ((h >> j) & 1) << 4);
+        q[j + 16] = (uint8_t)((qs[j] >> 4) | ((h >> (j + 16)) & 1) << 4);
     }
 }
 
-/* Q4_0 / Q4_1: element j (j < 16) is the low nibble of qs[j], element j + 16 the high one;
- * Q4_1 (and Q5_1) also give their fp16 min m. */
-static void pg_q8a_unpack_q4_0(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
-    (void)mw;
-    w += (int64_t)k0 / 32 * 18;
-    for (int g = 0; g < kc / 32; g++, w += 18) {
-        for (int j = 0; j < 16; j++) {
-            q[32 * g + j] = w[2 + j] & 15;
-            q[32 * g + j + 16] = w[2 + j] >> 4;
-        }
-        sw[g * ss] = pg_q8a_half(w);
+/* Q4_0 (offset 8), Q4_1 (d, m: the min kind), Q5_0 (offset 16), Q5_1 (d, m): a block's quants
+ * and its fp16 d (and m). */
+#define PG_Q8A_UNPACK_Q4Q5(NAME, BYTES, QS, QH, MIN)                                                 \
+    static void NAME(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {   \
+        w += (int64_t)k0 / 32 * (BYTES);                                                             \
+        for (int g = 0; g < kc / 32; g++, w += (BYTES)) {                                            \
+            pg_q8a_q4q5(w + (QS), (QH) ? w + (QH) : NULL, q + 32 * g);                               \
+            sw[g * ss] = pg_q8a_half(w);                                                             \
+            if (MIN) mw[g * ss] = pg_q8a_half(w + 2);                                                \
+        }                                                                                            \
     }
-}
-
-static void pg_q8a_unpack_q4_1(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
-    w += (int64_t)k0 / 32 * 20;
-    for (int g = 0; g < kc / 32; g++, w += 20) {
-        for (int j = 0; j < 16; j++) {
-            q[32 * g + j] = w[4 + j] & 15;
-            q[32 * g + j + 16] = w[4 + j] >> 4;
-        }
-        sw[g * ss] = pg_q8a_half(w);
-        mw[g * ss] = pg_q8a_half(w + 2);
-    }
-}
-
-static void pg_q8a_unpack_q5_1(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
-    w += (int64_t)k0 / 32 * 24;
-    for (int g = 0; g < kc / 32; g++, w += 24) {
-        uint32_t qh;
-        memcpy(&qh, w + 4, 4);
-        for (int j = 0; j < 16; j++) {
-            q[32 * g + j] = (uint8_t)((w[8 + j] & 15) | ((qh >> j) & 1) << 4);
-            q[32 * g + j + 16] = (uint8_t)((w[8 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
-        }
-        sw[g * ss] = pg_q8a_half(w);
-        mw[g * ss] = pg_q8a_half(w + 2);
-    }
-}
+PG_Q8A_UNPACK_Q4Q5(pg_q8a_unpack_q4_0, 18, 2, 0, 0)
+PG_Q8A_UNPACK_Q4Q5(pg_q8a_unpack_q4_1, 20, 4, 0, 1)
+PG_Q8A_UNPACK_Q4Q5(pg_q8a_unpack_q5_0, 22, 6, 2, 0)
+PG_Q8A_UNPACK_Q4Q5(pg_q8a_unpack_q5_1, 24, 8, 4, 1)
 
 static void pg_q8a_unpack_q8_0(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
     (void)mw;
@@ -116,32 +88,26 @@ static inline void pg_q8a_k4_scales(const uint8_t *w, float d, float ndm, float 
     }
 }
 
-/* Q4_K: 8 groups per 256; chunk c's 32 bytes hold groups 2c (low nibbles) and 2c+1 (high). */
-static void pg_q8a_unpack_q4_k(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
-    w += (int64_t)k0 / 256 * 144;
-    for (int b = 0; b < kc / 256; b++, w += 144) {
-        pg_q8a_k4_scales(w, pg_q8a_half(w), 0.0f - pg_q8a_half(w + 2), sw + 8 * b * ss, mw + 8 * b * ss, ss);
-        for (int c = 0; c < 4; c++)
-            for (int l = 0; l < 32; l++) {
-                q[256 * b + 64 * c + l] = w[16 + 32 * c + l] & 15;
-                q[256 * b + 64 * c + 32 + l] = w[16 + 32 * c + l] >> 4;
-            }
+/* Q4_K / Q5_K: 8 groups per 256; chunk c's 32 bytes of nibbles (at QS) hold groups 2c (low
+ * nibbles) and 2c + 1 (high); Q5_K's 32 bytes of high bits (at QH) give element l of group 2c
+ * (2c + 1) bit 2c (2c + 1) of qh[l] as its bit 4. */
+#define PG_Q8A_UNPACK_K(NAME, BYTES, QS, QH)                                                         \
+    static void NAME(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {   \
+        w += (int64_t)k0 / 256 * (BYTES);                                                            \
+        for (int b = 0; b < kc / 256; b++, w += (BYTES)) {                                           \
+            pg_q8a_k4_scales(w, pg_q8a_half(w), 0.0f - pg_q8a_half(w + 2), sw + 8 * b * ss,          \
+                             mw + 8 * b * ss, ss);                                                   \
+            for (int c = 0; c < 4; c++)                                                              \
+                for (int l = 0; l < 32; l++) {                                                       \
+                    const int hl = (QH) ? (w[(QH) + l] >> (2 * c)) & 1 : 0;                          \
+                    const int hh = (QH) ? (w[(QH) + l] >> (2 * c + 1)) & 1 : 0;                      \
+                    q[256 * b + 64 * c + l] = (uint8_t)((w[(QS) + 32 * c + l] & 15) | hl << 4);      \
+                    q[256 * b + 64 * c + 32 + l] = (uint8_t)((w[(QS) + 32 * c + l] >> 4) | hh << 4); \
+                }                                                                                    \
+        }                                                                                            \
     }
-}
-
-/* Q5_K: Q4_K's scales and nibbles (after 32 bytes of high bits), bit 2c (2c + 1) of qh[l] the
- * fifth bit of group 2c's (2c + 1's) element l. */
-static void pg_q8a_unpack_q5_k(const uint8_t *w, int k0, int kc, uint8_t *q, float *sw, float *mw, int ss) {
-    w += (int64_t)k0 / 256 * 176;
-    for (int b = 0; b < kc / 256; b++, w += 176) {
-        pg_q8a_k4_scales(w, pg_q8a_half(w), 0.0f - pg_q8a_half(w + 2), sw + 8 * b * ss, mw + 8 * b * ss, ss);
-        for (int c = 0; c < 4; c++)
-            for (int l = 0; l < 32; l++) {
-                q[256 * b + 64 * c + l] = (uint8_t)((w[48 + 32 * c + l] & 15) | ((w[16 + l] >> (2 * c)) & 1) << 4);
-                q[256 * b + 64 * c + 32 + l] = (uint8_t)((w[48 + 32 * c + l] >> 4) | ((w[16 + l] >> (2 * c + 1)) & 1) << 4);
-            }
-    }
-}
+PG_Q8A_UNPACK_K(pg_q8a_unpack_q4_k, 144, 16, 0)
+PG_Q8A_UNPACK_K(pg_q8a_unpack_q5_k, 176, 48, 16)
 
 /* Q6_K: 16 groups of 16 per 256, q = 0..63 (the -32 is the offset). Half h, element
  * 32t + l of it: low or high nibble of ql[l + 32 (t & 1)] and bits 2t..2t+1 of qh[l]. */
