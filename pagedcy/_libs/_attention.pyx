@@ -244,9 +244,10 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     ``E = max|q| / 254 * sum_d |k[t][d]|`` (k dequantized) against the float
     path, the lse by at most ``E`` and an output element by at most
     ``(exp(2E) - 1) * max_t |v[t][d]|`` (E the largest over the visible keys).
-    With AVX-VNNI or AVX512-VNNI (and on the scalar path) P.V runs on
-    integers too: the softmax weights, times each V row's scale, are rounded
-    to int16 per row and chunk of 64 tokens (vpdpwssd), which adds at most
+    On the AVX2 kernels (vpmaddwd, AVX-VNNI vpdpwssd), with AVX512-VNNI and
+    on the scalar path P.V runs on integers too: the softmax weights, times
+    each V row's scale, are rounded to int16 per row and chunk of 64 tokens,
+    which adds at most
     ``64 * 128 / 65534 * s_v < s_v / 8`` per output element (s_v the largest
     V row scale: max|v| / 1016 for quantizer-made rows).
     Used for decode-sized blocks when head_dim % 32 == 0 (prefill blocks of
