@@ -238,7 +238,7 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     head ``h // (num_heads // num_kv_heads)``.
 
     quantize_query: with int8 kv_pages, score with integer dot products
-    (AVX2 vpmaddubsw, AVX-VNNI / AVX512-VNNI vpdpbusd; the scalar path too):
+    (AVX2 vpmaddwd on int16, AVX-VNNI / AVX512-VNNI vpdpbusd; the scalar path too):
     each scaled query vector q is rounded to int8 with its own scale
     ``s = max|q| / 127``, so a score moves by at most
     ``E = max|q| / 254 * sum_d |k[t][d]|`` (k dequantized) against the float
