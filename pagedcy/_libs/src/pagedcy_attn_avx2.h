@@ -3,6 +3,33 @@
  * Every function carries the target attribute, so this header compiles in a
  * portable build; the driver only calls into it after pagedcy_use_simd().
  * The head dimension must be a multiple of 8 (the driver checks).
+ *
+ * Where decode time goes (AMD EPYC Zen 4 with PAGEDCY_SIMD=avx2, the proxy
+ * for a Zen 3; H 32 / Hkv 8 / D 128, K/V in L2, 1 thread, per token and KV
+ * head): fp16 ~105 cycles, of which the 128 FMAs are 64. In isolation the
+ * 3-token score kernel (pa_qk4_tri) runs at the FMA peak and P.V at ~90% of
+ * it; in the item the scores take ~38 cycles, P.V ~40, the softmax ~8, and
+ * stepping the prefetch cursors costs ~12% of the whole (the prefetch
+ * instructions themselves next to nothing). int8 with quantize_query: ~95
+ * cycles, the q.k and P.V inner loops each bound near 20 by vpmaddwd and
+ * vpmovsxbw sharing two pipes with the vpaddd.
+ *
+ * Tried there and dropped (interleaved A/B, same sitting):
+ * - unpack/add reductions instead of vhaddps / vphaddd (vhaddps issues
+ *   every 2 cycles on Zen 4): 0.99-1.02x fp16, 1.0x i8q;
+ * - P.V weights stored pre-broadcast (8 lanes each) and read as FMA memory
+ *   operands instead of vbroadcastss: 0.89x fp16 (twice the 256-bit loads);
+ * - 24-column P.V passes (12 accumulators, 4 x 24 + 2 x 16 for D 128):
+ *   1.01-1.02x; P.V with the 4 pages' row pointers in registers (no
+ *   page/row stepping per token): 1.0x;
+ * - prefetcht0 of the next 6-token block's K rows: 1.0x in L2, 0.95x DRAM;
+ * - cheaper prefetch stepping: one offset for the npg cursors of a step (the
+ *   same addresses in the same order, checked), a round robin of one cursor
+ *   per step, or every other step with twice the lines: 1.04-1.06x with K/V
+ *   in cache, but 0.56-0.80x fp32 decode from DRAM (fp16 0.90-1.02x);
+ * - prefetching only the first 4 or 8 rows of each next slice and leaving
+ *   the rest to the hardware prefetchers: 0.4-0.5x from DRAM;
+ * - the int16 q.k with q in a register, 2 tokens per pass: 1.0x.
  */
 #ifndef PAGEDCY_ATTN_AVX2_H
 #define PAGEDCY_ATTN_AVX2_H
