@@ -76,11 +76,12 @@ def test_pages_per_step(flags, dtype, mods):
 
 
 @pytest.mark.parametrize("dtype,flags", [("float16", 0), ("bfloat16", 0), ("bfloat16", ["no_bf16_perm"]),
-                                         ("bfloat16", ["no_qk3"]), ("float16", ["super2"])])
+                                         ("bfloat16", ["no_qk3"]), ("float16", ["super2"]),
+                                         ("float32", 0), ("float32", ["super2"])])
 @pytest.mark.parametrize("H,Hkv", [(8, 8), (8, 2), (16, 2)])
 @pytest.mark.parametrize("D", [24, 40, 64, 128, 256])
 def test_token_major_steps(dtype, flags, H, Hkv, D):
-    """16-bit K/V on head-major pages read token-major in multi-page steps (AVX2 and
+    """Float K/V on head-major pages read token-major in multi-page steps (AVX2 and
     AVX-512): GQA 1/4/8, head dims that are and are not multiples of 16 (the 8-wide P.V
     pass), 1 and 2 query rows, page counts that leave partial groups (9 pages: 4 + 4 + 1)
     and a partial last page, so the 6-token score blocks straddle page boundaries and

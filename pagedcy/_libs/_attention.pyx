@@ -238,15 +238,16 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     head ``h // (num_heads // num_kv_heads)``.
 
     quantize_query: with int8 kv_pages, score with integer dot products
-    (AVX2 vpmaddubsw, AVX-VNNI / AVX512-VNNI vpdpbusd; the scalar path too):
+    (AVX2 vpmaddwd on int16, AVX-VNNI / AVX512-VNNI vpdpbusd; the scalar path too):
     each scaled query vector q is rounded to int8 with its own scale
     ``s = max|q| / 127``, so a score moves by at most
     ``E = max|q| / 254 * sum_d |k[t][d]|`` (k dequantized) against the float
     path, the lse by at most ``E`` and an output element by at most
     ``(exp(2E) - 1) * max_t |v[t][d]|`` (E the largest over the visible keys).
-    With AVX-VNNI or AVX512-VNNI (and on the scalar path) P.V runs on
-    integers too: the softmax weights, times each V row's scale, are rounded
-    to int16 per row and chunk of 64 tokens (vpdpwssd), which adds at most
+    On the AVX2 kernels (vpmaddwd, AVX-VNNI vpdpwssd), with AVX512-VNNI and
+    on the scalar path P.V runs on integers too: the softmax weights, times
+    each V row's scale, are rounded to int16 per row and chunk of 64 tokens,
+    which adds at most
     ``64 * 128 / 65534 * s_v < s_v / 8`` per output element (s_v the largest
     V row scale: max|v| / 1016 for quantizer-made rows).
     Used for decode-sized blocks when head_dim % 32 == 0 (prefill blocks of

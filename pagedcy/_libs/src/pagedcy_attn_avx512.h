@@ -405,7 +405,7 @@ PA_AVX512 static void pa_pv12_avx512(float *O, int D, const float *alpha, const 
  * reduced by pa_hsum16x16 as pa_qk4x4r_z does), vpdpbusd on 64 values of
  * k ^ 0x80 against q8 with the 128 * sum(q8) correction. Needs D % 64 == 0
  * and the CPU's avx512vnni; otherwise, and for the last 1-3 tokens, the
- * AVX2-level kernel (AVX-VNNI or vpmaddubsw). */
+ * AVX2-level kernel (AVX-VNNI or int16 vpmaddwd). */
 #if defined(__GNUC__) || defined(__clang__)
 #define PAGEDCY_ATTN_HAVE_AVX512VNNI 1
 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx512vnni,avx2,fma,f16c")))

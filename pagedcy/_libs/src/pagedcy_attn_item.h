@@ -15,7 +15,7 @@
  * pa_qk_i8_ok / pa_pv_i8_ok (which head dimensions and CPUs they take),
  * and for multi-page decode steps pa_qk4v / pa_pv4v with
  * pa_super_token_major(dtype) (AVX-512 reads the pages token-major, AVX2
- * only 16-bit ones; the others
+ * float ones, not int8; the others
  * map pa_qk4v / pa_pv4v to the page-after-page helpers defined here).
  *
  * Query vectors of the item are numbered v = row * G + head_in_group and
@@ -202,8 +202,9 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
          * 1.02-1.06x on 2; fp32 1.05x on 2 threads, 0.95x on 1; reading the
          * pages one after another instead (PA_TUNE_SUPER_PAGE_ORDER, what the
          * scalar path does, and AVX2 for int8) cost fp32 15%, so there only
-         * 16-bit and int8 K/V take several pages (AVX2 reads 16-bit ones
-         * token-major too, pa_super_token_major_avx2 says why). Without ALiBi (positions are not in
+         * 16-bit and int8 K/V take several pages, and fp32 where it is read
+         * token-major (AVX-512, and AVX2 since it measured 1.30x there on
+         * Zen 4, pa_super_token_major_avx2 says why). Without ALiBi (positions are not in
          * order in a token-major step); pages must be whole for every row. */
         int npg = 1;
         if (!packed && Mp < 32 && !nhd && T % 2 == 0 && whole && nt == T && !(flags & PA_TUNE_SUPER1) && !P->alibi

@@ -170,7 +170,8 @@ static inline void pa_vtok_next(int npg, int tpp, int64_t rs, int *j, int64_t *r
  * from the finite values), as pagedcy_quantize_i8_row does for K/V.
  *
  * Where the instruction set has an integer P.V (pa_pv_i8_ok: the scalar
- * path, AVX-VNNI, AVX512-VNNI), P.V also runs on integers (pa_pv4_i8): per
+ * path, AVX2 (vpmaddwd, or AVX-VNNI's vpdpwssd), AVX512-VNNI), P.V also runs
+ * on integers (pa_pv4_i8): per
  * 4-row block and chunk c of at most 64 tokens, w(t) = p(t) * v_scale(t)
  * is rounded to q(t) = nearbyint(w(t) / u_r), u_r = max_c w / 32767 (15
  * bits, per row), and sum_t q(t) v8[t][d] is exact in int32. Rounding moves
