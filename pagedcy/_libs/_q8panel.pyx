@@ -173,7 +173,3 @@ def linear(x, panel, fmt, n, out, num_threads=None):
     wrong dtypes, shapes or overlap. Returns ``out``."""
     return _linear_tuned(x, panel, fmt, n, out, num_threads)
 
-
-def _tune(pfd, loc):
-    """Private (builds with PG_Q8P_TUNE): the decode kernels' prefetch distance and locality."""
-    pg_q8p_tune(pfd, loc)
