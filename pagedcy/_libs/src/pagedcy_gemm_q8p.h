@@ -337,18 +337,11 @@ PG_AVX2_INLINE __m256i pg_q8p_bcast_avx2(const int8_t *p) {
 #define _mm256_LINK_SIGNED 0   /* AVX2 sums Q8_0's signed quants directly */
 #define _mm512_LINK_SIGNED 1   /* AVX-512 sums q + 128 (vpdpbusd is u8 x s8) */
 
-/* Bytes ahead of the record being read that the decode kernels prefetch, and into which cache
- * (2: L2): a thread's panels are one linear stream. 2 threads from memory, AMD EPYC Zen 4
- * (linear read 33 GB/s), GB/s at 0 (none) / 512 / 1024 / 2048 / 4096 bytes into L2: Q4_K 2048 x
- * 8192 31.1 / 31.7 / 32.4 / 32.3 / 26.9, Q6_K 27.7 / 31.6 / 30.4 / 27.6 / 24.3, Q8_0 8192 x 2048
- * 31.3 / 33.5 / 33.0 / 31.1 / 33.4; into L1 no better. */
-#ifndef PG_Q8P_PFD
-#define PG_Q8P_PFD 1024
-#endif
-#ifndef PG_Q8P_PFLOC
-#define PG_Q8P_PFLOC 2
-#endif
-#define PG_Q8P_PF(p) __builtin_prefetch((p) + PG_Q8P_PFD, 0, PG_Q8P_PFLOC)
+/* No software prefetch: a thread's panels are one linear stream, which the hardware prefetchers
+ * follow. 2 threads from memory, AMD EPYC Zen 4, in-process A/B, GB/s with none / prefetching
+ * 1024 bytes ahead into L2: Q4_K 2048 x 8192 38.0 / 38.4, 16384 x 2048 35.1 / 35.2, Q6_K
+ * 128256 x 2048 32.2 / 31.2, Q8_0 262144 x 640 33.8 / 33.3, Q5_0 4096 x 896 27.9 / 24.0 (2048
+ * and 4096 bytes ahead were slower still). */
 
 /* AVX2 decode kernel: MR_ rows of A (m0 ..) x one panel (16 rows, two halves of 8), nv of
  * its rows kept (the last panel may be partial). */
@@ -361,7 +354,6 @@ PG_AVX2_INLINE __m256i pg_q8p_bcast_avx2(const int8_t *p) {
         PG_UNROLL for (int i = 0; i < MR_; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps();              \
         for (int b = 0; b < NB; b++) {                                                                    \
             const uint8_t *rec = pan + (int64_t)b * BB;                                                   \
-            PG_Q8P_PF(rec);                                                                               \
             const pg_q8p_sc_avx2 s[2] = {pg_q8p_scales_avx2(F, rec, 0), pg_q8p_scales_avx2(F, rec, 1)};             \
             /* Q4_K: the block's scales and mins for both halves up front (too many registers to \
              * keep the unpacked bytes of both halves live through the groups) */                 \
@@ -372,7 +364,6 @@ PG_AVX2_INLINE __m256i pg_q8p_bcast_avx2(const int8_t *p) {
             for (int gg = 0; gg < G; gg++) {                                                              \
                 const uint8_t *gq = rec + pg_q8p_gq(F, gg);                                               \
                 const int g = b * G + gg;                                                                 \
-                for (int l = 64; l < BB / G; l += 64) PG_Q8P_PF(gq + l);                                  \
                 /* both halves of each 64-byte vector in turn: the record streams once */                 \
                 PG_UNROLL for (int h = 0; h < 2; h++) {                                                   \
                     __m256i Is[MR_], P16[MR_];                                                            \
@@ -476,7 +467,6 @@ PG_AVX512_INLINE void pg_q8p_pair_avx512(const int F, const uint8_t *gq, int j, 
             for (int gg = 0; gg < G; gg++) {                                                              \
                 const uint8_t *gq = rec + pg_q8p_gq(F, gg);                                               \
                 const int g = b * G + gg;                                                                 \
-                for (int l = 0; l < BB / G; l += 64) PG_Q8P_PF(gq + l); \
                 __m512i Is[MR_];                                                                           \
                 PG_UNROLL for (int i = 0; i < MR_; i++) Is[i] = _mm512_setzero_si512();                    \
                 PG_UNROLL for (int j = 0; j < 4; j++) {                                                   \
