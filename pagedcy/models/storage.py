@@ -23,12 +23,11 @@ its raw rows uint8 ``[N, row_bytes]``) is held as it is, whatever ``dtype`` and
 
 ``activation_dtype`` says what a block-format matrix multiplies:
 
-- ``"auto"`` (default): int8 activations where the format has the kernel (Q4_K, Q5_0, Q6_K, Q8_0,
-  as llama.cpp computes them): each row of x is quantized per 32 elements and multiplied with
-  integer dot products on weights repacked at load into 16-row panels
-  (:class:`~pagedcy.models.linear.PanelWeight`, ``pagedcy._libs._q8panel``: prefill ~2x, decode ~2x
-  on a Q4_K_M file; each output within ``sum_g max|x_g| / 254 * sum_g |w|`` of the float32
-  result); float32 activations for every other format.
+- ``"auto"`` (default): int8 activations for every block format, as llama.cpp computes them:
+  each row of x is quantized per 32 elements and multiplied with integer dot products on
+  weights repacked at load into 16-row panels (:class:`~pagedcy.models.linear.PanelWeight`,
+  ``pagedcy._libs._q8panel``; each output within ``sum_g max|x_g| / 254 * sum_g |w|`` of the
+  float32 result).
 - ``"float32"``: float32 activations everywhere (bit for bit the float32 GEMM on the
   dequantized weights).
 """
