@@ -198,10 +198,13 @@ def test_generate_bad_input_exits_2(tmp_path):
         assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr
 
 
-def test_user_errors_are_one_line_not_a_traceback(tmp_path, capsys):
+def test_user_errors_are_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
     # A bad option or a bad checkpoint is the user's mistake: exit 2 with one line. These
     # printed tracebacks (a config the engine refused at its first step, a port out of
     # range, a demo of 0 requests, a bench of a missing model).
+    # With OPENBLAS_CORETYPE set, `bench --engine` called in-process once replaced the
+    # caller's interpreter (os.execve) with the command: pytest itself ended here, exit 2.
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
     import json
     from pagedcy.tools.cli import main
     bad = checkpoint(tmp_path)

@@ -238,7 +238,8 @@ def _progress(msg):
 
 
 def _reexec_without_unset(argv):
-    """Re-execute this command with UNSET removed, so OpenBLAS picks its kernel itself."""
+    """Re-execute this command (``python -m pagedcy bench --engine`` + ``argv``) with UNSET
+    removed, so OpenBLAS picks its kernel itself."""
     import sys
     if not any(k in os.environ for k in UNSET):
         return
@@ -367,8 +368,12 @@ def format_overheads(o, prefill_tps):
     return "\n".join(lines)
 
 
-def main(argv=None):
-    """``python -m pagedcy bench --engine``: print the engine tables; returns the results."""
+def main(argv=None, *, as_command=False):
+    """``python -m pagedcy bench --engine``: print the engine tables; returns the results.
+
+    ``as_command``: this process is that command, so it may replace itself with one run
+    without OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE; a caller's process (a test, a notebook)
+    is never replaced and keeps its OpenBLAS settings."""
     import argparse
     import sys
     import tempfile
@@ -397,7 +402,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     args.weights = dict(dtype=args.dtype, quantization=args.quantization,
                         activation_dtype=args.activation_dtype)
-    _reexec_without_unset(["--engine"] + argv)
+    if as_command:
+        _reexec_without_unset(argv)
     try:
         from threadpoolctl import threadpool_limits
         threadpool_limits(args.threads, user_api="blas")

@@ -61,9 +61,10 @@ def main(argv=None):
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     from pagedcy.server.launch import add_serve_arguments
     add_serve_arguments(sub.add_parser("serve", help="run the OpenAI-compatible server"))
+    as_command = argv is None       # the process is `python -m pagedcy`, not a caller's
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        return _dispatch(parser, argv)
+        return _dispatch(parser, argv, as_command)
     except (ValueError, TypeError, OSError, MemoryError) as e:
         # a user's mistake (options, a checkpoint, a file): one line, not a traceback;
         # anything else is a bug and keeps its traceback
@@ -71,17 +72,18 @@ def main(argv=None):
         return 2
 
 
-def _dispatch(parser, argv):
+def _dispatch(parser, argv, as_command=False):
     if argv[:1] == ["bench"] and "--serve" in argv:
         from pagedcy.tools.bench_serve import main as bench_serve_main
         return bench_serve_main([a for a in argv[1:] if a != "--serve"])
     if argv[:1] == ["bench"]:
         # bench has its own parser; hand it everything (argparse.REMAINDER drops leading flags).
         if "--engine" in argv:
-            from pagedcy.tools.bench_engine import main as bench_main
+            from pagedcy.tools.bench_engine import main as engine_main
+            engine_main(argv[1:], as_command=as_command)
         else:
             from pagedcy.tools.bench import main as bench_main
-        bench_main(argv[1:])
+            bench_main(argv[1:])
         return 0
     args = parser.parse_args(argv)
     return {"info": _info, "demo": _demo, "generate": _generate, "serve": _serve}[args.cmd](args)
