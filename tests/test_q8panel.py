@@ -170,6 +170,51 @@ def test_concatenated_panel_weights_are_the_concatenated_rows(sizes):
                                   _reference(x, whole, "q6_k"))
 
 
+@settings(max_examples=30, deadline=None)
+@given(fmts=st.lists(st.sampled_from(sorted(QTYPES)), min_size=1, max_size=4),
+       sizes=st.lists(st.integers(1, 70), min_size=4, max_size=4),
+       m=st.sampled_from([1, 2, 3, 5, 17, 130]), level=st.sampled_from(LEVELS),
+       threads=st.integers(1, 2), seed=st.integers(0, 2**16))
+def test_stacked_parts_in_one_call_are_each_part_alone(fmts, sizes, m, level, threads, seed):
+    """linear_parts over parts of mixed formats and row counts (partial panels, panel
+    pairs split between threads across part boundaries): each part's columns hold the bits
+    of the part alone, at decode sizes and at the tile's (130 rows)."""
+    rng = np.random.default_rng(seed)
+    k = 512 if any(f.endswith("_k") for f in fmts) else 256 + 32 * int(rng.integers(0, 8))
+    raws = [_weights(rng, f, n, k)[0] for f, n in zip(fmts, sizes)]
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    parts = [(_q8panel.repack(r, f), f, r.shape[0]) for r, f in zip(raws, fmts)]
+    out = np.full((m, sum(r.shape[0] for r in raws)), np.nan, np.float32)
+    assert _q8panel._linear_parts_tuned(x, parts, out, threads, level) is out
+    ref = np.concatenate([_reference(x, r, f) for r, f in zip(raws, fmts)], axis=1)
+    np.testing.assert_array_equal(_bits(out), _bits(ref))
+
+
+def test_stacked_panel_weights_run_as_one_and_refuse_bad_parts():
+    rng = np.random.default_rng(4)
+    raws = [_weights(rng, f, n, 512)[0] for f, n in (("q5_0", 40), ("q8_0", 8), ("q4_k", 24))]
+    fused = concat_weights([PanelWeight(r, f.upper()) for r, f in zip(raws, ("q5_0", "q8_0", "q4_k"))])
+    assert fused.format == "q5_0+q8_0+q4_k" and fused.shape == (72, 512)
+    x = rng.standard_normal((3, 512), dtype=np.float32)
+    ref = np.concatenate([_reference(x, r, f) for r, f in zip(raws, ("q5_0", "q8_0", "q4_k"))], axis=1)
+    np.testing.assert_array_equal(_bits(fused.linear(x, np.empty((3, 72), np.float32))), _bits(ref))
+    panel = _q8panel.repack(raws[0], "q5_0")
+    out = np.empty((3, 40), np.float32)
+    for parts, err in (([], TypeError), ("q5_0", TypeError), ([(panel, "q5_0")], TypeError),
+                       ([(panel, "q5_0", 40)] * 9, TypeError),
+                       ([(panel, "f16", 40)], ValueError), ([(panel, "q5_0", 41)], ValueError),
+                       ([(panel, "q5_0", 40), (panel, "q5_0", 40)], ValueError),
+                       ([(panel[:-1], "q5_0", 40)], ValueError)):
+        with pytest.raises(err):
+            _q8panel.linear_parts(x, parts, out)
+    with pytest.raises(ValueError):
+        _q8panel.linear_parts(x[:, :500], [(panel, "q5_0", 40)], out)
+    with pytest.raises(ValueError, match="overlap"):
+        _q8panel.linear_parts(x, [(panel, "q5_0", 40)], panel[:480].view(np.float32).reshape(3, 40))
+    np.testing.assert_array_equal(_bits(_q8panel.linear_parts(x, [(panel, "q5_0", 40)], out)),
+                                  _bits(ref[:, :40]))
+
+
 def test_only_a_file_mapping_gives_its_pages_back(tmp_path):
     """After the repack a memory-mapped source's pages are dropped (MADV_DONTNEED) and read
     back from the file unchanged; an array in anonymous memory is never touched (there the

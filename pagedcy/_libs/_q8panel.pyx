@@ -125,21 +125,68 @@ def rows(panel, fmt, n, k, ids):
 def _linear_tuned(x, panel, fmt, n, out, num_threads=None, max_simd=2):
     """Private: ``linear`` with the instruction set capped at ``max_simd`` (0 scalar, 1 AVX2,
     2 AVX-512 VNNI), for tests and benchmarks."""
-    bs, bb = _format(fmt)
+    return _linear_parts_tuned(x, ((panel, fmt, n),), out, num_threads, max_simd)
+
+
+cdef int _run_parts(int simd, int M, int q0, int q1, const pg_q8a *act, int nparts, const int *F,
+                    const int *pairs0, const uint8_t **P, const int *N, const int *col,
+                    float *op, int ldc) noexcept nogil:
+    """Panel pairs [q0, q1) of the parts laid end to end (part i holds pairs [pairs0[i],
+    pairs0[i + 1])), each into its columns ``col[i]`` of ``op``; 0 or the first error."""
+    cdef int i, a, b, rc = 0
+    for i in range(nparts):
+        a = max(q0, pairs0[i])
+        b = min(q1, pairs0[i + 1])
+        if a < b:
+            rc |= pagedcy_gemm_q8p(simd, F[i], M, 2 * (a - pairs0[i]), 2 * (b - pairs0[i]), act, P[i],
+                                   N[i], op + col[i], ldc)
+    return rc
+
+
+cdef enum:
+    MAX_PARTS = 8     # a fused q|k|v has at most 3
+
+
+def _linear_parts_tuned(x, parts, out, num_threads=None, max_simd=2):
+    """Private: ``linear_parts`` with the instruction set capped at ``max_simd``."""
     cdef cnp.ndarray xa = _f32(x, "x", (None, None))
     cdef Py_ssize_t k = xa.shape[1]
-    if k % bs:
-        raise ValueError(f"{fmt} rows hold a multiple of {bs} values; x has {k} columns")
-    if not isinstance(n, int) or n < 0:
-        raise ValueError(f"n must be a non-negative int, got {n!r}")
-    cdef cnp.ndarray pa = _panels(panel, fmt, n, k)
-    cdef cnp.ndarray oa = _f32(out, "out", (xa.shape[0], n), True)
-    if max(xa.shape[0], k, n) > _INT_MAX:
+    if not isinstance(parts, (list, tuple)) or not parts or len(parts) > MAX_PARTS:
+        raise TypeError(f"parts must be a list or tuple of 1 to {MAX_PARTS} (panel, fmt, n)")
+    # C arrays on the stack: a decode step makes this call ~4 times a layer
+    cdef int nparts = len(parts), i = 0
+    cdef int F[MAX_PARTS]
+    cdef int N[MAX_PARTS]
+    cdef int q[MAX_PARTS + 1]
+    cdef int c[MAX_PARTS + 1]
+    cdef const uint8_t *P[MAX_PARTS]
+    cdef cnp.ndarray pa
+    held = []
+    q[0] = c[0] = 0
+    for part in parts:
+        if not isinstance(part, tuple) or len(part) != 3:
+            raise TypeError("each part must be a (panel, fmt, n) tuple")
+        panel, fmt, n = part
+        bs, bb = _format(fmt)
+        if k % bs:
+            raise ValueError(f"{fmt} rows hold a multiple of {bs} values; x has {k} columns")
+        if not isinstance(n, int) or n < 0 or n > _INT_MAX:
+            raise ValueError(f"n must be a non-negative int below 2**31, got {n!r}")
+        pa = _panels(panel, fmt, n, k)
+        held.append(pa)
+        F[i], N[i], P[i] = BLOCK_FORMATS[fmt], n, <const uint8_t *>cnp.PyArray_DATA(pa)
+        if c[i] + <Py_ssize_t>n > _INT_MAX:
+            raise ValueError("matrix dimensions must be below 2**31")
+        q[i + 1], c[i + 1] = q[i] + (n + 31) // 32, c[i] + n
+        i += 1
+    cdef Py_ssize_t ntot = c[nparts]
+    cdef cnp.ndarray oa = _f32(out, "out", (xa.shape[0], ntot), True)
+    if max(xa.shape[0], k) > _INT_MAX:
         raise ValueError("matrix dimensions must be below 2**31")
-    if _overlap(oa, xa) or _overlap(oa, pa):
+    if _overlap(oa, xa) or any(_overlap(oa, pa) for pa in held):
         raise ValueError("out must not overlap x or the panel")
-    cdef int M = xa.shape[0], K = k, N = n, F = BLOCK_FORMATS[fmt], t, rc = 0
-    if M == 0 or N == 0:
+    cdef int M = xa.shape[0], K = k, t, rc = 0, total = q[nparts], ldc = ntot
+    if M == 0 or ntot == 0:
         return out
     cdef int simd = min(int(max_simd), pagedcy_simd_level())
     cdef pg_q8a act
@@ -147,21 +194,29 @@ def _linear_tuned(x, panel, fmt, n, out, num_threads=None, max_simd=2):
         rc = pg_q8a_quantize_tls(simd, M, K, <const float *>cnp.PyArray_DATA(xa), K, &act)
     if rc:
         raise MemoryError("out of memory for the quantized activations")
-    cdef const uint8_t *pp = <const uint8_t *>cnp.PyArray_DATA(pa)
     cdef float *op = <float *>cnp.PyArray_DATA(oa)
-    # threads take runs of whole panel pairs (the AVX-512 tile's 32 rows)
-    cdef int pairs = (N + 31) // 32
-    cdef int nt = min(_nthreads(N, K, M, resolve_num_threads(num_threads)), pairs)
+    # threads take runs of whole panel pairs (the AVX-512 tile's 32 rows) over all the parts:
+    # one parallel region for a fused q|k|v whose parts differ in format
+    cdef int nt = min(_nthreads(ntot, K, M, resolve_num_threads(num_threads)), total)
     if nt <= 1:
         with nogil:
-            rc = pagedcy_gemm_q8p(simd, F, M, 0, 2 * pairs, &act, pp, N, op, N)
+            rc = _run_parts(simd, M, 0, total, &act, nparts, F, q, P, N, c, op, ldc)
     else:
         for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
-            rc |= pagedcy_gemm_q8p(simd, F, M, 2 * (pairs * t // nt), 2 * (pairs * (t + 1) // nt), &act, pp,
-                                   N, op, N)
+            rc |= _run_parts(simd, M, total * t // nt, total * (t + 1) // nt, &act, nparts, F, q, P, N,
+                             c, op, ldc)
     if rc:
         raise MemoryError("out of memory for the GEMM's packing buffers")
     return out
+
+
+def linear_parts(x, parts, out, num_threads=None):
+    """``out[...] = x @ W.T`` for ``W`` the rows of several panel weights stacked (a fused
+    q|k|v whose parts differ in format): ``parts`` a list of ``(panel, fmt, n)``, ``x``
+    float32 ``[M, K]``, ``out`` float32 ``[M, sum(n)]``. One quantization of ``x`` and one
+    parallel region over all the parts' panels; each part's columns get the bits ``linear``
+    gives it alone. TypeError / ValueError as ``linear``. Returns ``out``."""
+    return _linear_parts_tuned(x, parts, out, num_threads)
 
 
 def linear(x, panel, fmt, n, out, num_threads=None):

@@ -324,8 +324,10 @@ def _drop_file_pages(a: np.ndarray) -> None:
 
 class StackedWeight(Weight):
     """Rows of ``parts`` (weights with the same K, any formats) stacked: ``linear`` runs
-    each part into a scratch and copies it to its columns of ``out``. Used only when a fused
-    projection's parts differ in format; same-format parts concatenate instead
+    each part into a scratch and copies it to its columns of ``out``, or, when every part is
+    a :class:`PanelWeight`, all of them in one call straight into ``out``
+    (``_q8panel.linear_parts``: one parallel region, as one weight would take). Used only
+    when a fused projection's parts differ in format; same-format parts concatenate instead
     (:func:`concat_weights`)."""
 
     def __init__(self, parts):
@@ -337,8 +339,12 @@ class StackedWeight(Weight):
         self.shape = (int(self.offsets[-1]), ks.pop())
         self.format = "+".join(p.format for p in self.parts)
         self.nbytes = sum(p.nbytes for p in self.parts)
+        self._panels = [(p.panel, p.format, p.shape[0]) for p in self.parts] \
+            if all(isinstance(p, PanelWeight) for p in self.parts) and len(self.parts) <= 8 else None
 
     def _linear(self, x, out, num_threads):
+        if self._panels is not None:
+            return _q8panel.linear_parts(x, self._panels, out, num_threads)
         m = _check_io(x, out, *self.shape)
         for p, lo, hi in zip(self.parts, self.offsets[:-1], self.offsets[1:]):
             o = _scratch("stacked", m * (hi - lo)).reshape(m, hi - lo)
