@@ -70,7 +70,8 @@ def main(argv=None):
     bf = {id(w): (w.view(np.uint32) >> 16).astype(np.uint16) for w in ws} if args.bf16 else {}
     ours_bf = lambda x, w, o: _linear_rows_tuned(x, bf[id(w)], "bf16", o, nt, lv)  # noqa: E731
     extra = " bf16 ms | bf16 / f32 time |" if args.bf16 else ""
-    print(f"pagedcy instruction set capped at {('scalar', 'AVX2', 'AVX-512')[lv]}")
+    from pagedcy._libs._attention import simd_level    # PAGEDCY_SIMD and the CPU cap it too
+    print(f"pagedcy instruction set: {('scalar', 'AVX2', 'AVX-512')[min(lv, simd_level())]}")
     print("| M | pagedcy ms | np.matmul ms | pagedcy GFLOP/s | np GFLOP/s | np / pagedcy time "
           "| pagedcy weight GB/s |" + extra)
     print("|---|---|---|---|---|---|---|" + ("---|---|" if args.bf16 else ""))

@@ -37,8 +37,6 @@
 #ifndef PAGEDCY_GEMM_Q8P_H
 #define PAGEDCY_GEMM_Q8P_H
 
-#define PG_Q8P_R 16
-
 /* What the formats share (F a constant wherever it is inlined) */
 #define PG_Q8P_KQ(F) ((F) == PQ_Q4_K || (F) == PQ_Q5_K)    /* d | dmin, 12 bytes of 6-bit scales */
 #define PG_Q8P_DM(F) ((F) == PQ_Q4_1 || (F) == PQ_Q5_1)    /* fp16 d and m a block */
