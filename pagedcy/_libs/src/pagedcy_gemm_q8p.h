@@ -335,11 +335,25 @@ PG_AVX2_INLINE __m256i pg_q8p_bcast_avx2(const int8_t *p) {
 #define _mm256_LINK_SIGNED 0   /* AVX2 sums Q8_0's signed quants directly */
 #define _mm512_LINK_SIGNED 1   /* AVX-512 sums q + 128 (vpdpbusd is u8 x s8) */
 
-/* No software prefetch: a thread's panels are one linear stream, which the hardware prefetchers
- * follow. 2 threads from memory, AMD EPYC Zen 4, in-process A/B, GB/s with none / prefetching
- * 1024 bytes ahead into L2: Q4_K 2048 x 8192 38.0 / 38.4, 16384 x 2048 35.1 / 35.2, Q6_K
- * 128256 x 2048 32.2 / 31.2, Q8_0 262144 x 640 33.8 / 33.3, Q5_0 4096 x 896 27.9 / 24.0 (2048
- * and 4096 bytes ahead were slower still). */
+/* Software prefetch PG_Q8P_PFD bytes ahead into L2, for the formats of 256-element blocks
+ * (Q4_K, Q5_K, Q6_K): a thread's panels are one linear stream, but the hardware prefetchers
+ * alone leave it latency-bound on Zen 5. In-process A/B, GB/s from memory, 1 / 2 threads,
+ * none vs 2048 bytes ahead: AMD EPYC Zen 5 (family 26 model 2), AVX-512 VNNI: Q4_K 16384 x
+ * 2048 17.9 / 28.8 vs 31.1 / 36.7, 2048 x 8192 14.8 / 27.5 vs 29.0 / 43.9, Q6_K 2048 x 8192
+ * 28.3 / 30.7 vs 28.9 / 36.8; at the AVX2 level Q4_K 23.5 -> 47.6 and Q6_K 37.3 -> 58.4 on 2
+ * threads (3072-8192 bytes ahead: the same within noise). Zen 4 (family 25 model 17), 2
+ * threads: Q4_K 2048 x 8192 31.1 vs 32.3, Q6_K 27.7 vs 27.6 (4096 ahead: 26.9 and 24.3,
+ * slower). The 32-element formats go without: on Zen 5 Q8_0 4096 x 2048 and Q5_0 4096 x 896
+ * are the same either way (48.5 vs 47.7, 47.5 vs 50.0), on Zen 4 Q5_0 4096 x 896 was slower
+ * with it (27.9 vs 24.0 at 1024 ahead). */
+#ifndef PG_Q8P_PFD
+#define PG_Q8P_PFD 2048
+#endif
+#define PG_Q8P_PF(F, p)                                                                       \
+    do {                                                                                      \
+        if (PG_Q8P_PFD && (PG_Q8P_KQ(F) || (F) == PQ_Q6_K))                                   \
+            __builtin_prefetch((const char *)(p) + PG_Q8P_PFD, 0, 2);                         \
+    } while (0)
 
 /* AVX2 decode kernel: MR_ rows of A (m0 ..) x one panel (16 rows, two halves of 8), nv of
  * its rows kept (the last panel may be partial). */
@@ -362,6 +376,7 @@ PG_AVX2_INLINE __m256i pg_q8p_bcast_avx2(const int8_t *p) {
             for (int gg = 0; gg < G; gg++) {                                                              \
                 const uint8_t *gq = rec + pg_q8p_gq(F, gg);                                               \
                 const int g = b * G + gg;                                                                 \
+                for (int l = 0; l < BB / G; l += 64) PG_Q8P_PF(F, gq + l);                                   \
                 /* both halves of each 64-byte vector in turn: the record streams once */                 \
                 PG_UNROLL for (int h = 0; h < 2; h++) {                                                   \
                     __m256i Is[MR_], P16[MR_];                                                            \
@@ -465,6 +480,7 @@ PG_AVX512_INLINE void pg_q8p_pair_avx512(const int F, const uint8_t *gq, int j, 
             for (int gg = 0; gg < G; gg++) {                                                              \
                 const uint8_t *gq = rec + pg_q8p_gq(F, gg);                                               \
                 const int g = b * G + gg;                                                                 \
+                for (int l = 0; l < BB / G; l += 64) PG_Q8P_PF(F, gq + l);                                   \
                 __m512i Is[MR_];                                                                           \
                 PG_UNROLL for (int i = 0; i < MR_; i++) Is[i] = _mm512_setzero_si512();                    \
                 PG_UNROLL for (int j = 0; j < 4; j++) {                                                   \
