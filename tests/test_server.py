@@ -271,7 +271,8 @@ def test_50_disconnects_spare_the_others(server, llm, model_dir):
     received = delta("pagedcy_requests_received_total")
     finished = delta("pagedcy_request_success_total[length]") \
         + delta("pagedcy_request_success_total[stop]")
-    assert 0 < aborted <= 50 and 8 <= finished and received == aborted + finished
+    assert 0 < aborted <= 50 and 8 <= finished and received == aborted + finished, \
+        dict(aborted=aborted, finished=finished, received=received)
 
 
 BAD = [
