@@ -146,6 +146,9 @@ cdef int _run_parts(int simd, int M, int q0, int q1, const pg_q8a *act, int npar
 cdef enum:
     MAX_PARTS = 8     # a fused q|k|v has at most 3
 
+#: Most parts ``linear_parts`` takes in one call.
+MAX_LINEAR_PARTS = MAX_PARTS
+
 
 def _linear_parts_tuned(x, parts, out, num_threads=None, max_simd=2):
     """Private: ``linear_parts`` with the instruction set capped at ``max_simd``."""

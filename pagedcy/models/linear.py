@@ -339,8 +339,9 @@ class StackedWeight(Weight):
         self.shape = (int(self.offsets[-1]), ks.pop())
         self.format = "+".join(p.format for p in self.parts)
         self.nbytes = sum(p.nbytes for p in self.parts)
-        self._panels = [(p.panel, p.format, p.shape[0]) for p in self.parts] \
-            if all(isinstance(p, PanelWeight) for p in self.parts) and len(self.parts) <= 8 else None
+        one_call = all(isinstance(p, PanelWeight) for p in self.parts) \
+            and len(self.parts) <= _q8panel.MAX_LINEAR_PARTS
+        self._panels = [(p.panel, p.format, p.shape[0]) for p in self.parts] if one_call else None
 
     def _linear(self, x, out, num_threads):
         if self._panels is not None:

@@ -349,10 +349,12 @@ PG_AVX2_INLINE __m256i pg_q8p_bcast_avx2(const int8_t *p) {
 #ifndef PG_Q8P_PFD
 #define PG_Q8P_PFD 2048
 #endif
-#define PG_Q8P_PF(F, p)                                                                       \
+/* The lines PG_Q8P_PFD bytes past a group's n bytes at p (a group's start, per format F). */
+#define PG_Q8P_PF(F, p, n)                                                                    \
     do {                                                                                      \
         if (PG_Q8P_PFD && (PG_Q8P_KQ(F) || (F) == PQ_Q6_K))                                   \
-            __builtin_prefetch((const char *)(p) + PG_Q8P_PFD, 0, 2);                         \
+            for (int l_ = 0; l_ < (n); l_ += 64)                                              \
+                __builtin_prefetch((const char *)(p) + l_ + PG_Q8P_PFD, 0, 2);                \
     } while (0)
 
 /* AVX2 decode kernel: MR_ rows of A (m0 ..) x one panel (16 rows, two halves of 8), nv of
@@ -376,7 +378,7 @@ PG_AVX2_INLINE __m256i pg_q8p_bcast_avx2(const int8_t *p) {
             for (int gg = 0; gg < G; gg++) {                                                              \
                 const uint8_t *gq = rec + pg_q8p_gq(F, gg);                                               \
                 const int g = b * G + gg;                                                                 \
-                for (int l = 0; l < BB / G; l += 64) PG_Q8P_PF(F, gq + l);                                   \
+                PG_Q8P_PF(F, gq, BB / G);                                                                 \
                 /* both halves of each 64-byte vector in turn: the record streams once */                 \
                 PG_UNROLL for (int h = 0; h < 2; h++) {                                                   \
                     __m256i Is[MR_], P16[MR_];                                                            \
@@ -480,7 +482,7 @@ PG_AVX512_INLINE void pg_q8p_pair_avx512(const int F, const uint8_t *gq, int j, 
             for (int gg = 0; gg < G; gg++) {                                                              \
                 const uint8_t *gq = rec + pg_q8p_gq(F, gg);                                               \
                 const int g = b * G + gg;                                                                 \
-                for (int l = 0; l < BB / G; l += 64) PG_Q8P_PF(F, gq + l);                                   \
+                PG_Q8P_PF(F, gq, BB / G);                                                                 \
                 __m512i Is[MR_];                                                                           \
                 PG_UNROLL for (int i = 0; i < MR_; i++) Is[i] = _mm512_setzero_si512();                    \
                 PG_UNROLL for (int j = 0; j < 4; j++) {                                                   \
