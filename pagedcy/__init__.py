@@ -12,7 +12,8 @@ Under it, Cython extension types over one page layout::
 - :class:`PagePool`: the page buffer with a LIFO free list and reference counts.
 - :class:`PageTable`: one sequence's logical → physical page map.
 - :class:`PagedKVCache`: a single-sequence cache (optionally a sliding window).
-- :func:`batch_paged_attention`, :func:`merge_states`: attention read through block tables.
+- :func:`batch_paged_attention`, :func:`merge_states`: attention read through block tables;
+  :class:`AttentionBatch`: a batch's layout checked once, run layer by layer.
 - :class:`PagedKVCacheManager`, :func:`paged_attention`, :class:`PagedAttentionExecutor`:
   many sequences with prefix caching, copy-on-write fork and swap; :class:`StepSlots`:
   one engine step's K/V slots (``manager.prepare_step`` / ``commit_step``).
@@ -34,8 +35,9 @@ __all__ = [
 ]
 
 try:  # the attention kernel and the manager build on the core
-    from pagedcy._libs._attention import batch_paged_attention, merge_states  # noqa: F401
-    __all__ += ["batch_paged_attention", "merge_states"]
+    from pagedcy._libs._attention import (AttentionBatch, batch_paged_attention,  # noqa: F401
+                                          merge_states)
+    __all__ += ["AttentionBatch", "batch_paged_attention", "merge_states"]
 except ImportError:  # pragma: no cover - present in every complete build
     pass
 

@@ -67,7 +67,7 @@ def _tiny_engine(tmp_path):
 
 def test_profile_hook_times_the_parts_and_leaves_the_forward_unchanged(tmp_path):
     from pagedcy.models import model as m
-    originals = (m.linear, m.batch_paged_attention, m.rms_norm)
+    originals = (m.linear, m.run_attention, m.rms_norm)
     prompts = bench_engine.workload_a_prompts(3, 5, 20, 512, seed=4)
 
     def run(profile):
@@ -86,7 +86,7 @@ def test_profile_hook_times_the_parts_and_leaves_the_forward_unchanged(tmp_path)
 
     prof = StepProfile()
     assert run(prof) == run(None)
-    assert (m.linear, m.batch_paged_attention, m.rms_norm) == originals      # restored
+    assert (m.linear, m.run_attention, m.rms_norm) == originals      # restored
     assert all(v > 0 for v in prof.acc.values()), prof.acc
     prof.reset()
     assert set(prof.acc.values()) == {0.0}
@@ -94,12 +94,12 @@ def test_profile_hook_times_the_parts_and_leaves_the_forward_unchanged(tmp_path)
 
 def test_profile_restores_globals_after_an_exception():
     from pagedcy.models import model as m
-    before = m.batch_paged_attention
+    before = m.run_attention
     with pytest.raises(RuntimeError):
         with StepProfile():
-            assert m.batch_paged_attention is not before
+            assert m.run_attention is not before
             raise RuntimeError("boom")
-    assert m.batch_paged_attention is before
+    assert m.run_attention is before
 
 
 def test_run_batched_counts_every_token(tmp_path):

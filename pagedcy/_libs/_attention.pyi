@@ -41,6 +41,39 @@ def batch_paged_attention(
     num_threads: int | None = ...,
     quantize_query: bool = ...,
 ) -> tuple[np.ndarray, np.ndarray]: ...
+class AttentionBatch:
+    qo_indptr: np.ndarray
+    kv_lens: np.ndarray
+    block_tables: np.ndarray
+    total_q: int
+    page_size: int
+    max_pages: int
+    def __init__(
+        self,
+        qo_indptr: npt.ArrayLike,
+        block_tables: npt.ArrayLike,
+        kv_lens: npt.ArrayLike,
+        *,
+        page_size: int,
+        max_pages: int,
+    ) -> None: ...
+    def run(
+        self,
+        query: npt.ArrayLike,
+        kv_pages: np.ndarray,
+        layer: int,
+        *,
+        scale: float | None = ...,
+        causal: bool = ...,
+        window_left: int = ...,
+        soft_cap: float = ...,
+        alibi_slopes: npt.ArrayLike | None = ...,
+        out: np.ndarray | None = ...,
+        return_lse: bool = ...,
+        num_threads: int | None = ...,
+        quantize_query: bool = ...,
+    ) -> Any: ...
+
 @overload
 def merge_states(
     v_a: npt.ArrayLike, s_a: npt.ArrayLike, v_b: npt.ArrayLike, s_b: npt.ArrayLike

@@ -13,8 +13,8 @@ from libc.stdlib cimport free
 
 from pagedcy._libs._openmp cimport omp_get_thread_num
 from pagedcy._libs._threads import resolve_num_threads
-from pagedcy._validate import (as_int, check_index, check_out, finite_float, float_array,
-                               int_array_nd)
+from pagedcy._validate import (as_int, check_index, check_out, check_positive, finite_float,
+                               float_array, int_array_nd)
 
 cnp.import_array()
 
@@ -198,6 +198,71 @@ def _ragged_batch(qo_indptr, kv_lens, block_tables, int64_t total_q, int64_t T, 
     return ind64, lens64, bt32
 
 
+cdef class AttentionBatch:
+    """A ragged batch's layout checked once, for the layers of one forward (FlashInfer's
+    plan / run): ``qo_indptr`` int ``[B+1]``, ``block_tables`` int ``[B, W]`` and ``kv_lens``
+    int ``[B]`` as ``batch_paged_attention`` takes them, over a pool of at least ``max_pages``
+    pages of ``page_size`` tokens. The same checks as ``batch_paged_attention``, once (they
+    cost ~3 us a call, more than a small decode step's kernel); ``run`` then checks only the
+    query, the pages' geometry against this layout, and the options. The arrays are copied:
+    later changes to the caller's do not reach the batch."""
+    cdef object _ind, _lens, _bt
+    cdef int64_t _total_q, _page_size, _max_pages
+
+    @property
+    def qo_indptr(self):
+        """int64 ``[B+1]``: the checked copy of qo_indptr."""
+        return self._ind
+
+    @property
+    def kv_lens(self):
+        """int64 ``[B]``: the checked copy of kv_lens."""
+        return self._lens
+
+    @property
+    def block_tables(self):
+        """int32 ``[B, W]``: the checked copy of block_tables."""
+        return self._bt
+
+    @property
+    def total_q(self):
+        """Query rows of the batch (qo_indptr's last entry)."""
+        return self._total_q
+
+    @property
+    def page_size(self):
+        """Tokens a page of the pool holds."""
+        return self._page_size
+
+    @property
+    def max_pages(self):
+        """Pages the pool must have at least (every page id is below it)."""
+        return self._max_pages
+
+    def __init__(self, qo_indptr, block_tables, kv_lens, *, page_size, max_pages):
+        T = check_positive(page_size, "page_size", 1 << 30)
+        P = check_positive(max_pages, "max_pages", 1 << 62)
+        ind = int_array_nd(qo_indptr, "qo_indptr", 1)
+        if ind.shape[0] < 1:
+            raise ValueError("qo_indptr must have length B+1 >= 1")
+        total_q = int(ind[ind.shape[0] - 1])
+        ind64, lens64, bt32 = _ragged_batch(ind, kv_lens, block_tables, total_q, T, P)
+        # the copies (views of the caller's arrays otherwise): checked values stay checked
+        self._ind, self._lens, self._bt = ind64.copy(), lens64.copy(), bt32.copy()
+        self._total_q, self._page_size, self._max_pages = total_q, T, P
+
+    def run(self, query, kv_pages, layer, *, scale=None, causal=True, window_left=-1,
+            soft_cap=0.0, alibi_slopes=None, out=None, return_lse=False, num_threads=None,
+            quantize_query=False):
+        """``batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens,
+        ...)`` with this batch's layout: ``query`` float ``[total_q, num_heads, head_dim]``,
+        ``kv_pages`` of ``page_size``-token pages, at least ``max_pages`` of them. Same
+        options, result and errors."""
+        return _attention(query, self, None, kv_pages, layer, None, None, scale, causal,
+                          window_left, soft_cap, alibi_slopes, out, return_lse, num_threads, 0,
+                          PAGEDCY_SIMD_AVX512, 0, 1, quantize_query)
+
+
 def _tune_bits(flags):
     if isinstance(flags, str):
         flags = (flags,)
@@ -262,7 +327,7 @@ def batch_paged_attention(query, qo_indptr, kv_pages, layer, block_tables, kv_le
     kv_pages rows or out, q_len > kv_len, ...), IndexError (layer or a needed page id
     out of range), MemoryError.
     """
-    return _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale, causal,
+    return _attention(query, None, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale, causal,
                       window_left, soft_cap, alibi_slopes, out, return_lse, num_threads, 0,
                       PAGEDCY_SIMD_AVX512, 0, 1, quantize_query)
 
@@ -292,16 +357,18 @@ def _batch_paged_attention_tuned(query, qo_indptr, kv_pages, layer, block_tables
     int or names from ``_TUNE_FLAGS``. repeat: run the kernel that many times
     without the GIL (microbenchmarks without Python overhead).
     """
-    return _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale, causal,
+    return _attention(query, None, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale, causal,
                       window_left, soft_cap, alibi_slopes, out, return_lse, num_threads,
                       as_int(kv_chunk, "kv_chunk"), as_int(max_simd, "max_simd"), _tune_bits(flags),
                       max(1, as_int(repeat, "repeat")), quantize_query)
 
 
-cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale, causal,
-                window_left, soft_cap, alibi_slopes, out, return_lse, num_threads,
+cdef _attention(query, AttentionBatch batch, qo_indptr, kv_pages, layer, block_tables, kv_lens,
+                scale, causal, window_left, soft_cap, alibi_slopes, out, return_lse, num_threads,
                 int64_t kv_chunk, int64_t max_simd, int64_t flags, Py_ssize_t repeat, quantize_query):
-    """batch_paged_attention's body (a cdef call: no keyword parsing twice)."""
+    """batch_paged_attention's body (a cdef call: no keyword parsing twice): the layout
+    from ``batch`` (checked already) or else checked here from qo_indptr, block_tables and
+    kv_lens."""
     cdef pagedcy_attn_params P
     q = float_array(query, "query")
     if q.ndim != 3:
@@ -344,7 +411,15 @@ cdef _attention(query, qo_indptr, kv_pages, layer, block_tables, kv_lens, scale,
     if T > (1 << 30) or D > (1 << 20) or H > (1 << 20):
         raise ValueError("page_size / head_dim / num_heads too large")
     lay = check_index(layer, L, "layer")
-    ind64, lens64, bt32 = _ragged_batch(qo_indptr, kv_lens, block_tables, total_q, T, max_pages)
+    if batch is None:
+        ind64, lens64, bt32 = _ragged_batch(qo_indptr, kv_lens, block_tables, total_q, T, max_pages)
+    else:
+        if batch._page_size != T or batch._max_pages > max_pages:
+            raise ValueError(f"the batch was checked for pages of {batch._page_size} tokens and a pool "
+                             f"of {batch._max_pages}; kv_pages has {T}-token pages and {max_pages}")
+        if batch._total_q != total_q:
+            raise ValueError(f"query has {total_q} rows, the batch's qo_indptr ends at {batch._total_q}")
+        ind64, lens64, bt32 = batch._ind, batch._lens, batch._bt
     cdef int64_t B = lens64.shape[0]
     # --- options
     opt = _plain_options(scale=scale, causal=causal, window_left=window_left, soft_cap=soft_cap,

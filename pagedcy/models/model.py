@@ -7,7 +7,7 @@ import numpy as np
 
 from pagedcy.config import PagedKVCacheConfig
 from pagedcy._validate import int32_array
-from pagedcy._libs._attention import batch_paged_attention
+from pagedcy._libs._attention import AttentionBatch
 from pagedcy._libs._layers import gelu_tanh_mul, qkv_rope, rms_norm, silu_mul
 from pagedcy._libs._manager_ops import write_token_rows
 from pagedcy._libs._threads import resolve_num_threads
@@ -24,6 +24,10 @@ __all__ = ["CausalLM"]
 # Positions past this are refused rather than growing the RoPE tables without bound.
 MAX_POSITION = 1 << 24
 _SLOT_FIELDS = ("positions", "slot_pages", "slot_offsets", "qo_indptr", "kv_lens", "block_tables")
+
+
+#: ``AttentionBatch.run`` as a module-level name (``engine_profile`` times it here)
+run_attention = AttentionBatch.run
 
 
 def linear(x: np.ndarray, weight: Weight, out: np.ndarray, num_threads: int) -> np.ndarray:
@@ -176,6 +180,9 @@ class CausalLM:
         qkv, q, k, v = ws.qkv[:n], ws.q[:n], ws.k[:n], ws.v[:n]
         attn, gate_up, act = ws.attn[:n], ws.gate_up[:n], ws.act[:n]
         attn2d = attn.reshape(n, -1)
+        # the ragged layout checked once for every layer (_check_pages checked its pages)
+        batch = AttentionBatch(indptr, tables, lens, page_size=kv_pages.shape[3],
+                               max_pages=kv_pages.shape[0])
         self._embed_rows(ids, resid)
         for li, lw in enumerate(self._layers):
             if li == 0:
@@ -187,9 +194,8 @@ class CausalLM:
             qkv_rope(qkv, pos, rope.cos, rope.sin, q, k, v, H, Hk, lw.qkv_bias, lw.q_norm,
                      lw.k_norm, eps, nt)
             write_token_rows(store, pages, offs, li, k, v)
-            batch_paged_attention(q, indptr, kv_pages, li, tables, lens, scale=scale,
-                                  window_left=lw.window_left, soft_cap=cap, out=attn,
-                                  num_threads=nt)
+            run_attention(batch, q, kv_pages, li, scale=scale, window_left=lw.window_left,
+                          soft_cap=cap, out=attn, num_threads=nt)
             linear(attn2d, lw.w_o, delta, nt)
             if lw.o_bias is not None:
                 delta += lw.o_bias

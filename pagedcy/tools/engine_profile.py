@@ -1,7 +1,7 @@
 """Where an engine step's time goes, the GEMM-only yardstick and peak memory.
 
 :class:`StepProfile` swaps timing wrappers into ``pagedcy.models.model``'s module globals (its
-``linear`` projections, ``batch_paged_attention`` and elementwise kernels) for the duration of a
+``linear`` projections, ``run_attention`` and elementwise kernels) for the duration of a
 ``with`` block, so a step splits into GEMM / attention / elementwise / the rest (Python,
 scheduling, sampling) without the model knowing. Each wrapper costs two ``perf_counter``
 calls, well under 1% of a step.
@@ -13,7 +13,7 @@ import numpy as np
 # module globals of pagedcy.models.model, by the part of a step they belong to
 GEMM = ("linear",)
 ELEMENTWISE = ("qkv_rope", "rms_norm", "silu_mul", "gelu_tanh_mul", "write_token_rows")
-ATTENTION = ("batch_paged_attention",)
+ATTENTION = ("run_attention",)
 
 
 def _timed_linear(fn, acc):
