@@ -101,3 +101,16 @@ def test_run_refuses_pages_and_queries_of_another_layout():
     with pytest.raises(TypeError):
         batch.run(q, pages.tolist(), 1)
     assert np.array_equal(batch.run(q, pages, 1), want, equal_nan=True)
+
+
+def test_what_the_batch_exposes_cannot_change_what_it_reads():
+    """The layout attributes are copies: writing into them (page ids outside the pool) does
+    not reach the kernel."""
+    q, ind, pages, bt, kl, _, _ = _case()
+    batch = AttentionBatch(ind, bt, kl, page_size=8, max_pages=pages.shape[0])
+    want = batch.run(q, pages, 1)
+    assert np.array_equal(batch.block_tables[:, :1], bt[:, :1].astype(np.int32))
+    assert np.array_equal(batch.qo_indptr, ind) and np.array_equal(batch.kv_lens, kl)
+    batch.block_tables[:] = 10**6
+    batch.kv_lens[:] = 10**6
+    assert np.array_equal(batch.run(q, pages, 1), want, equal_nan=True)

@@ -211,18 +211,21 @@ cdef class AttentionBatch:
 
     @property
     def qo_indptr(self):
-        """int64 ``[B+1]``: the checked copy of qo_indptr."""
-        return self._ind
+        """int64 ``[B+1]``: the checked copy of qo_indptr (a copy of it: what ``run`` reads
+        cannot be changed from outside)."""
+        return self._ind.copy()
 
     @property
     def kv_lens(self):
-        """int64 ``[B]``: the checked copy of kv_lens."""
-        return self._lens
+        """int64 ``[B]``: the checked copy of kv_lens (a copy of it: what ``run`` reads
+        cannot be changed from outside)."""
+        return self._lens.copy()
 
     @property
     def block_tables(self):
-        """int32 ``[B, W]``: the checked copy of block_tables."""
-        return self._bt
+        """int32 ``[B, W]``: the checked copy of block_tables (a copy of it: what ``run`` reads
+        cannot be changed from outside)."""
+        return self._bt.copy()
 
     @property
     def total_q(self):
