@@ -342,9 +342,9 @@ def test_profile_accounts_for_every_part(ckpt, capsys):
     from pagedcy.tools import profile_model as profile
 
     model = load_model(ckpt)
-    saved = model_mod.batch_paged_attention
+    saved = model_mod.run_attention
     parts = profile.profile(model, "tiny", batch=2, q_len=3, ctx=9, reps=1, page_size=4)
-    assert model_mod.batch_paged_attention is saved and model_mod.np is np
+    assert model_mod.run_attention is saved and model_mod.np is np
     named = ("gemm", "attention", "elementwise", "rest")
     assert set(named) <= set(parts)
     assert abs(sum(parts[k] for k in named) - parts["total"]) < 1e-9
