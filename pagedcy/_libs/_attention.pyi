@@ -2,6 +2,7 @@ from typing import Any, Literal, Sequence, overload
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
 @overload
 def batch_paged_attention(
@@ -41,6 +42,7 @@ def batch_paged_attention(
     num_threads: int | None = ...,
     quantize_query: bool = ...,
 ) -> tuple[np.ndarray, np.ndarray]: ...
+@disjoint_base
 class AttentionBatch:
     qo_indptr: np.ndarray
     kv_lens: np.ndarray
