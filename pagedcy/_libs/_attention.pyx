@@ -211,20 +211,20 @@ cdef class AttentionBatch:
 
     @property
     def qo_indptr(self):
-        """int64 ``[B+1]``: the checked copy of qo_indptr (a copy of it: what ``run`` reads
-        cannot be changed from outside)."""
+        """int64 ``[B+1]``: a copy of the checked qo_indptr (what ``run`` reads stays as
+        checked)."""
         return self._ind.copy()
 
     @property
     def kv_lens(self):
-        """int64 ``[B]``: the checked copy of kv_lens (a copy of it: what ``run`` reads
-        cannot be changed from outside)."""
+        """int64 ``[B]``: a copy of the checked kv_lens (what ``run`` reads stays as
+        checked)."""
         return self._lens.copy()
 
     @property
     def block_tables(self):
-        """int32 ``[B, W]``: the checked copy of block_tables (a copy of it: what ``run`` reads
-        cannot be changed from outside)."""
+        """int32 ``[B, W]``: a copy of the checked block_tables (what ``run`` reads stays as
+        checked)."""
         return self._bt.copy()
 
     @property
