@@ -3,7 +3,8 @@
 - ``_pool``: the page buffer (LIFO free list, reference counts); ``_table``: one sequence's
   page map; ``_store``: nogil K/V row copies into pages; ``_cache``: the single-sequence cache.
 - ``_attention``: batched paged attention (AVX-512 / AVX2 / scalar, chosen at run time).
-- ``_manager_ops``: the batched row writes and block tables of the multi-sequence manager.
+- ``_manager_ops``: the batched row writes and block tables of the multi-sequence manager;
+  ``_slots``: an engine step's slots, laid out from block tables and checked before a forward.
 - ``_threads``, ``_bandwidth``: OpenMP thread counts and the read-bandwidth yardstick.
 - ``src/``: the C kernels the extensions include.
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from pagedcy import _validate
 from pagedcy._libs._manager_ops import build_block_table, write_token_rows
+from pagedcy._libs._slots import touched_blocks
 from pagedcy.kvcache.handle import PagedKVCacheHandle
 from pagedcy.kvcache.step import check_q_lens, step_slots
 
@@ -196,11 +197,8 @@ class KVAccess:
         with self._p.lock:
             hs, ql, kv = self._step(handles, q_lens)
             tables = self._tables(hs)
-            first = (kv - ql) // ps
-            nblk = (kv - 1) // ps - first + 1
-            seq = np.repeat(np.arange(len(hs)), nblk)
-            blk = np.arange(seq.shape[0]) - np.repeat(np.cumsum(nblk) - nblk - first, nblk)
-            idx, new = self._own(hs, seq, blk, tables[seq, blk])
+            seq, blk, pages = touched_blocks(tables, kv, ql, ps)
+            idx, new = self._own(hs, seq, blk, pages)
             tables[seq[idx], blk[idx]] = new
             return step_slots(tables, kv, ql, ps)
 

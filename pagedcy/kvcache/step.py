@@ -2,14 +2,15 @@
 
 An engine step runs the model once over a flat, variable-length batch: B sequences, each
 contributing ``q_len`` new tokens (a prefill chunk or one decode row). :class:`StepSlots`
-carries everything that call needs from the cache manager as int32 arrays, computed with
-a handful of NumPy calls for the whole batch (no per-token Python).
+carries everything that call needs from the cache manager as int32 arrays, computed in one
+compiled pass over the batch (``pagedcy._libs._slots``: no per-token Python).
 """
 from dataclasses import dataclass
 
 import numpy as np
 
 from pagedcy import _validate
+from pagedcy._libs._slots import step_slot_arrays
 
 __all__ = ["StepSlots", "step_slots", "check_q_lens"]
 
@@ -68,19 +69,15 @@ def step_slots(block_tables, kv_lens, q_lens, page_size):
     ``kv_lens[b]`` tokens. block_tables: int32 ``[B, W]``; kv_lens, q_lens: int64 ``[B]``
     with ``1 <= q_lens <= kv_lens`` and ``kv_lens <= W * page_size`` (checked by the caller).
     """
-    B = kv_lens.shape[0]
-    indptr = np.zeros(B + 1, dtype=np.int64)
-    np.cumsum(q_lens, out=indptr[1:])
-    n = int(indptr[-1])
-    seq = np.repeat(np.arange(B, dtype=np.intp), q_lens)
-    # token i of sequence b sits at kv_lens[b] - q_lens[b] + (i - indptr[b])
-    positions = np.arange(n, dtype=np.int64) + np.repeat(kv_lens - q_lens - indptr[:-1], q_lens)
-    pages = block_tables[seq, positions // page_size]
+    block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
+    positions, pages, offsets, indptr = step_slot_arrays(
+        block_tables, np.ascontiguousarray(kv_lens, dtype=np.int64),
+        np.ascontiguousarray(q_lens, dtype=np.int64), page_size)
     return StepSlots(
-        positions=positions.astype(np.int32),
-        slot_pages=np.ascontiguousarray(pages, dtype=np.int32),
-        slot_offsets=(positions % page_size).astype(np.int32),
-        qo_indptr=indptr.astype(np.int32),
-        block_tables=np.ascontiguousarray(block_tables, dtype=np.int32),
+        positions=positions,
+        slot_pages=pages,
+        slot_offsets=offsets,
+        qo_indptr=indptr,
+        block_tables=block_tables,
         kv_lens=kv_lens.astype(np.int32),
     )

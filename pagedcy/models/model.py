@@ -10,6 +10,7 @@ from pagedcy._validate import int32_array
 from pagedcy._libs._attention import AttentionBatch
 from pagedcy._libs._layers import gelu_tanh_mul, qkv_rope, rms_norm, silu_mul
 from pagedcy._libs._manager_ops import write_token_rows
+from pagedcy._libs._slots import check_step_layout, check_step_pages
 from pagedcy._libs._threads import resolve_num_threads
 from pagedcy.models.config import ModelConfig
 from pagedcy.models.layers import LayerWeights
@@ -109,8 +110,6 @@ class CausalLM:
         n = ids.shape[0]
         if n == 0:
             raise ValueError("token_ids must not be empty")
-        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.config.vocab_size})")
         pos = int32_array(slots.positions, "positions", (n,))
         pages = int32_array(slots.slot_pages, "slot_pages", (n,))
         offs = int32_array(slots.slot_offsets, "slot_offsets", (n,))
@@ -119,16 +118,11 @@ class CausalLM:
         if b < 1:
             raise ValueError("qo_indptr must be 1-D with at least 2 entries")
         indptr = int32_array(indptr, "qo_indptr", (b + 1,))
-        if indptr[0] != 0 or indptr[-1] != n or np.any(np.diff(indptr) < 1):
-            raise ValueError(f"qo_indptr must start at 0, end at {n} and give every sequence >= 1 row")
         lens = int32_array(slots.kv_lens, "kv_lens", (b,))
         tables = int32_array(slots.block_tables, "block_tables", (b, -1))
-        q_lens = np.diff(indptr)
-        if np.any(q_lens > lens) or lens.max() >= MAX_POSITION:
-            raise ValueError(f"kv_lens must be >= each sequence's new tokens and < {MAX_POSITION}")
-        # The kernel places sequence b's new rows at kv_len - q_len .. kv_len - 1; RoPE must too.
-        if np.any(pos != np.repeat(lens - indptr[1:], q_lens) + np.arange(n, dtype=np.int32)):
-            raise ValueError("positions must be kv_len - q_len .. kv_len - 1 for each sequence")
+        # ids in range; qo_indptr 0 .. n, >= 1 row each; kv_lens >= q_lens, < MAX_POSITION;
+        # positions where the kernel places each sequence's new rows (RoPE must agree)
+        check_step_layout(ids, pos, indptr, lens, self.config.vocab_size, MAX_POSITION)
         return ids, pos, pages, offs, indptr, lens, tables
 
     @staticmethod
@@ -136,20 +130,7 @@ class CausalLM:
         """Every slot and every block-table entry the kernel will read is a page of the pool,
         and each token's slot is where its sequence's block table puts its position (else
         its K/V would land in another sequence's page), checked before anything is written."""
-        ps, maxp = kv_pages.shape[3], kv_pages.shape[0]
-        if pages.min() < 0 or pages.max() >= maxp or offs.min() < 0 or offs.max() >= ps:
-            raise IndexError(f"slot pages must be in [0, {maxp}) and offsets in [0, {ps})")
-        need = (lens + ps - 1) // ps
-        if need.max() > tables.shape[1]:
-            raise ValueError(f"block_tables has {tables.shape[1]} columns, {need.max()} are needed")
-        used = tables[np.arange(tables.shape[1]) < need[:, None]]
-        if used.min() < 0 or used.max() >= maxp:
-            raise IndexError(f"block_tables hold page ids outside [0, {maxp})")
-        seq = np.repeat(np.arange(lens.shape[0]), np.diff(indptr))
-        if np.any(tables[seq, pos // ps] != pages) or np.any(pos % ps != offs):
-            raise ValueError("slot_pages/slot_offsets must be each token's page and offset in "
-                             "its sequence's block table (block_tables[b, pos // page_size], "
-                             "pos % page_size)")
+        check_step_pages(pages, offs, lens, tables, pos, indptr, kv_pages.shape[0], kv_pages.shape[3])
 
     def _embed_rows(self, ids, out):
         table = self._embed if self._embed is not None else self._lm_head

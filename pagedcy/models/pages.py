@@ -26,8 +26,9 @@ class PagesAdapter:
         """The store viewing ``kv_pages``. TypeError/ValueError for a wrong array."""
         if not isinstance(kv_pages, np.ndarray):
             raise TypeError(f"kv_pages must be a numpy array, got {type(kv_pages).__name__}")
+        # the dtype itself, not its .name (Python code in NumPy, most of this call's time)
         key = (kv_pages.__array_interface__["data"][0], kv_pages.shape, kv_pages.strides,
-               kv_pages.dtype.str, kv_pages.dtype.name)
+               kv_pages.dtype)
         if key == self._key and self._store is not None:
             return self._store
         L, two, hk, d = self.geometry
