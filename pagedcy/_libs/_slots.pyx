@@ -13,15 +13,12 @@ from libc.stdint cimport int32_t, int64_t
 cnp.import_array()
 
 
-def step_slot_arrays(const int32_t[:, ::1] block_tables not None, const int64_t[::1] kv_lens not None,
-                     const int64_t[::1] q_lens not None, int64_t page_size):
-    """``(positions, slot_pages, slot_offsets, qo_indptr)`` int32 of a batch whose sequence
-    b adds its last ``q_lens[b]`` of ``kv_lens[b]`` tokens (block_tables ``[B, W]``): token
-    i of sequence b sits at ``kv_lens[b] - q_lens[b] + (i - qo_indptr[b])``, in page
-    ``block_tables[b, pos // page_size]`` at ``pos % page_size``. ValueError unless
-    ``1 <= q_lens[b] <= kv_lens[b] <= W * page_size`` (checked before anything is read)."""
-    cdef Py_ssize_t B = kv_lens.shape[0], W = block_tables.shape[1], b, i
-    cdef int64_t n = 0, p, q, kv
+cdef int64_t _new_tokens(const int32_t[:, ::1] block_tables, const int64_t[::1] kv_lens,
+                         const int64_t[::1] q_lens, int64_t page_size) except -1:
+    """Checks ``1 <= q_lens[b] <= kv_lens[b] <= W * page_size`` (and the shapes); returns the
+    sum of q_lens. ValueError otherwise."""
+    cdef Py_ssize_t B = kv_lens.shape[0], W = block_tables.shape[1], b
+    cdef int64_t n = 0, q, kv
     if q_lens.shape[0] != B or block_tables.shape[0] != B:
         raise ValueError("block_tables, kv_lens and q_lens must describe the same sequences")
     if page_size < 1:
@@ -32,6 +29,18 @@ def step_slot_arrays(const int32_t[:, ::1] block_tables not None, const int64_t[
             raise ValueError(f"sequence {b}: need 1 <= q_len ({q}) <= kv_len ({kv}) <= "
                              f"{W * page_size} (its block table's tokens)")
         n += q
+    return n
+
+
+def step_slot_arrays(const int32_t[:, ::1] block_tables not None, const int64_t[::1] kv_lens not None,
+                     const int64_t[::1] q_lens not None, int64_t page_size):
+    """``(positions, slot_pages, slot_offsets, qo_indptr)`` int32 of a batch whose sequence
+    b adds its last ``q_lens[b]`` of ``kv_lens[b]`` tokens (block_tables ``[B, W]``): token
+    i of sequence b sits at ``kv_lens[b] - q_lens[b] + (i - qo_indptr[b])``, in page
+    ``block_tables[b, pos // page_size]`` at ``pos % page_size``. ValueError unless
+    ``1 <= q_lens[b] <= kv_lens[b] <= W * page_size`` (checked before anything is read)."""
+    cdef Py_ssize_t B = kv_lens.shape[0], b, i
+    cdef int64_t n = _new_tokens(block_tables, kv_lens, q_lens, page_size), p, q, kv
     if n >= (1 << 31):
         raise ValueError("a step of 2**31 tokens or more")
     pos = np.empty(n, np.int32)
@@ -132,17 +141,11 @@ def touched_blocks(const int32_t[:, ::1] block_tables not None, const int64_t[::
     ``kv_lens[seq]`` tokens, in batch and block order, and the page ``block_tables[seq,
     blk]`` it is now (what copy-on-write looks at before the step's slots are laid out).
     ValueError unless ``1 <= q_lens[b] <= kv_lens[b] <= W * page_size``."""
-    cdef Py_ssize_t B = kv_lens.shape[0], W = block_tables.shape[1], b, k, n = 0
+    cdef Py_ssize_t B = kv_lens.shape[0], b, k, n = 0
     cdef int64_t q, kv
-    if q_lens.shape[0] != B or block_tables.shape[0] != B:
-        raise ValueError("block_tables, kv_lens and q_lens must describe the same sequences")
-    if page_size < 1:
-        raise ValueError("page_size must be >= 1")
+    _new_tokens(block_tables, kv_lens, q_lens, page_size)
     for b in range(B):
         q, kv = q_lens[b], kv_lens[b]
-        if q < 1 or q > kv or kv > W * page_size:
-            raise ValueError(f"sequence {b}: need 1 <= q_len ({q}) <= kv_len ({kv}) <= "
-                             f"{W * page_size} (its block table's tokens)")
         n += (kv - 1) // page_size - (kv - q) // page_size + 1
     seq = np.empty(n, np.intp)
     blk = np.empty(n, np.intp)

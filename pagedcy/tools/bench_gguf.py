@@ -193,23 +193,21 @@ def format_file(path, ours, theirs, bw, threads, quick, missing="not built"):
                  f"held {_mib(ours['weight_bytes'])}")
     kv = ours["kv_bytes_per_position"] * (ntg + 1) / 2      # mean context over tg's steps
     per_token = ours["decode_bytes"] + kv
-    roof = bw * 1e9 / per_token
-    line = (f"a decode token reads {per_token / 1e6:.1f} MB (weights {ours['decode_bytes'] / 1e6:.1f} "
-            f"MB + K/V {kv / 1e6:.2f} MB at tg{ntg}'s mean context); read bandwidth "
-            f"{bw:.1f} GB/s on {threads} threads allows {roof:.1f} tok/s: pagedcy decode = "
-            f"{100 * ours['tg'] / roof:.0f}% of it")
-    if t.get("single_decode_tps"):
-        line += f", llama.cpp's = {100 * t['single_decode_tps'] / roof:.0f}%"
-    lines.append(line)
+    def shares(bw_gbs, note=""):
+        """"allows R tok/s: pagedcy decode = X% of it<note>[, llama.cpp's = Y%]" at ``bw_gbs``."""
+        roof = bw_gbs * 1e9 / per_token
+        text = f"allows {roof:.1f} tok/s: pagedcy decode = {100 * ours['tg'] / roof:.0f}% of it{note}"
+        if t.get("single_decode_tps"):
+            text += f", llama.cpp's = {100 * t['single_decode_tps'] / roof:.0f}%"
+        return text
+    lines.append(f"a decode token reads {per_token / 1e6:.1f} MB (weights {ours['decode_bytes'] / 1e6:.1f} "
+                 f"MB + K/V {kv / 1e6:.2f} MB at tg{ntg}'s mean context); read bandwidth "
+                 f"{bw:.1f} GB/s on {threads} threads {shares(bw)}")
     if ours.get("probes"):
         local = max(ours["probes"])
-        line = (f"read bandwidth probed before, between and after the tg runs: "
-                f"{', '.join(f'{b:.1f}' for b in ours['probes'])} GB/s; the best, {local:.1f}, allows "
-                f"{local * 1e9 / per_token:.1f} tok/s: pagedcy decode = "
-                f"{100 * ours['tg'] * per_token / (local * 1e9):.0f}% of it (target >= 70%)")
-        if t.get("single_decode_tps"):
-            line += f", llama.cpp's = {100 * t['single_decode_tps'] * per_token / (local * 1e9):.0f}%"
-        lines.append(line)
+        lines.append(f"read bandwidth probed before, between and after the tg runs: "
+                     f"{', '.join(f'{b:.1f}' for b in ours['probes'])} GB/s; the best, {local:.1f}, "
+                     f"{shares(local, ' (target >= 70%)')}")
     if t.get("error"):
         lines.append(f"llama.cpp: {t['error']}")
     for table in t.get("tables", []):
