@@ -16,7 +16,6 @@ and RSS of each.
 """
 import json
 import os
-import statistics
 import time
 
 from pagedcy.tools import bench_engine as be
