@@ -123,3 +123,29 @@ def test_decode_read_bytes_skips_an_untied_embedding_only():
     model._embed = None               # tied: the table is the LM head, read whole
     assert bench_gguf.decode_read_bytes(model) == model.weight_bytes
     assert np.isfinite(bench_gguf.rss_bytes())
+
+
+def test_llama_cpp_runs_between_ours(tmp_path):
+    """With llama.cpp built, its runs alternate with pagedcy's in the file's child process:
+    one llama-bench run (-r 1) after each of the 3 pp / tg runs, then llama-batched-bench
+    after the batched run; its rows are the best of those runs, beside ours."""
+    _fake_llama_cpp(tmp_path)
+    text = _run("--gguf", FIXTURE, anchors=tmp_path)
+    calls = (tmp_path / "args.log").read_text().splitlines()
+    assert len(calls) == 4 and all("-r 1" in c and "-p 32 -n 8" in c for c in calls[:3])
+    assert "-npl 2" in calls[3] and "-r " not in calls[3]
+    rows = {r[0]: r for r in tables(text)[0][1]}
+    assert rows["prefill pp32 tok/s"][2] == "100.0" and rows["decode tg8 tok/s"][2] == "50.00"
+    assert rows["2 x (32 + 4) total s"][2] == "0.15"
+    assert "llama.cpp's =" in text and "runs between pagedcy's runs" in text
+
+
+def test_merge_llama_cpp_takes_each_rows_best():
+    parts = [{"single_prefill_tps": 90.0, "single_decode_tps": 55.0, "tables": ["a"]},
+             {"single_prefill_tps": 110.0, "single_decode_tps": 45.0, "tables": ["b"],
+              "error": "llama-bench exited with 1"},
+             {"prefill_tps": 600.0, "gen_tps": 150.0, "total_s": 0.2, "tables": ["c"]}]
+    res = engine_baselines.merge_llama_cpp(parts)
+    assert (res["single_prefill_tps"], res["single_decode_tps"], res["total_s"]) == (110.0, 55.0, 0.2)
+    assert res["tables"] == ["a", "b", "c"] and res["error"] == "llama-bench exited with 1"
+    assert engine_baselines.merge_llama_cpp([]) == {"tables": []}

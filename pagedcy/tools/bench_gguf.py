@@ -8,7 +8,9 @@ batching; llama-batched-bench's shape, 16 x (512 + 32)). Then RSS against file s
 the bytes a decode token reads, the read bandwidth (``_bandwidth.read_bandwidth``: the run's
 best, and the best of the probes around the file's decode runs) and the decode rate as a
 share of what that bandwidth allows, and llama.cpp's rows on the same file
-when its binaries are built under ``~/.cache/pagedcy-anchors`` (never built here).
+when its binaries are built under ``~/.cache/pagedcy-anchors`` (never built here): its runs
+alternate with ours in the same minutes (a llama-bench run after each of our pp / tg runs,
+llama-batched-bench after our batched run), and both sides' pp / tg are the best of 3.
 
 ``--bf16-vs-f32``: a random checkpoint of qwen2.5-0.5b's shape saved as bf16 safetensors,
 loaded with ``dtype="auto"`` (kept bf16) and ``dtype="float32"`` (widened): pp / tg rates
@@ -71,11 +73,19 @@ def _single(eng, npp, ntg, vocab, seed):
 
 
 def measure(model, threads=2, quick=False, dtype="auto", repeats=3, batched=True,
-            batched_tokens=2048):
+            batched_tokens=2048, llama_cpp=None):
     """Load ``model`` (a GGUF file or checkpoint directory) in this process and time it; a
     dict of RSS figures, sizes, ``pp`` / ``tg`` (best of ``repeats``), ``probes`` (read
-    bandwidth in GB/s before, between and after those runs) and ``batched_s``."""
+    bandwidth in GB/s before, between and after those runs) and ``batched_s``.
+
+    ``llama_cpp``: llama.cpp's binaries and file (:func:`engine_baselines.llama_cpp_bins`) to
+    run between ours, under ``"llama.cpp"`` (:func:`engine_baselines.merge_llama_cpp`): one
+    llama-bench run (``-r 1``) after each of our pp / tg runs and llama-batched-bench after our
+    batched run, so both sides are timed in the same minutes and take the best of as many
+    runs. On a host whose bandwidth moves by a third within minutes, llama.cpp's mean of 3
+    runs timed after all of ours was neither."""
     from pagedcy.engine import LLM
+    from pagedcy.tools import engine_baselines as base
     from pagedcy.tools.engine_profile import peak_rss_bytes
     npp, ntg, npl, new = sizes(quick)
     before = rss_bytes()
@@ -99,9 +109,11 @@ def measure(model, threads=2, quick=False, dtype="auto", repeats=3, batched=True
     # bandwidth probes before, between and after the runs: the host's bandwidth swings by a
     # third within seconds, so the best decode is held against the best probe of the same
     # few seconds (not one from minutes away)
-    runs, probes = [], [_bandwidth_child(threads, quick)]
+    runs, probes, theirs = [], [_bandwidth_child(threads, quick)], []
     for i in range(repeats):
         runs.append(_single(eng, npp, ntg, c.vocab_size, seed=200 + i))
+        if llama_cpp:
+            theirs.append(base.llama_cpp_single(llama_cpp, threads, npp, ntg, reps=1))
         probes.append(_bandwidth_child(threads, quick))
     res["pp"], res["tg"] = max(r[0] for r in runs), max(r[1] for r in runs)
     res["probes"] = probes
@@ -112,6 +124,10 @@ def measure(model, threads=2, quick=False, dtype="auto", repeats=3, batched=True
                             use_tqdm=False)
         res["batched_s"] = time.perf_counter() - t0
         res["batched_new"] = sum(len(o.outputs[0].token_ids) for o in outs)
+        if llama_cpp:
+            theirs.append(base.llama_cpp_batched(llama_cpp, threads, npl, npp, new))
+    if llama_cpp:
+        res["llama.cpp"] = base.merge_llama_cpp(theirs)
     res["rss_after_runs"], res["peak_rss"] = rss_bytes(), peak_rss_bytes()
     return res
 
@@ -162,7 +178,7 @@ def _ratio(a, b, higher=True):
 
 def format_file(path, ours, theirs, bw, threads, quick, missing="not built"):
     """One GGUF file's report: the rows table (ours, llama.cpp's, ratio), memory, bandwidth.
-    ``theirs``: :func:`engine_baselines.run_llama_cpp`'s dict, or None (cells say ``missing``)."""
+    ``theirs``: :func:`engine_baselines.merge_llama_cpp`'s dict, or None (cells say ``missing``)."""
     npp, ntg, npl, new = sizes(quick)
     lines = [f"\n## {path}"]
     if "error" in ours:
@@ -257,16 +273,17 @@ def run(args):
     print(f"rows: pp{npp} (one {npp}-token prompt), tg{ntg} (one sequence), {npl} x ({npp} prompt + "
           f"{new} generated) through LLM.generate (pagedcy: {new + 1} sampled tokens, the prefill's "
           f"first one included, as llama-batched-bench's {new} decode steps after its prefill); "
-          f"greedy, {args.threads} threads, best of 3 for pp / tg")
+          f"greedy, {args.threads} threads, best of 3 for pp / tg; llama.cpp (cached binaries only) "
+          f"runs between pagedcy's runs: one llama-bench run (-r 1) after each pp / tg run, "
+          f"llama-batched-bench after the batched one, best of 3 for pp / tg likewise")
     results = {"files": {}}
     bw_start = bandwidth(args.threads, args.quick) if args.gguf else None
     for path in args.gguf or []:
-        be._progress(f"pagedcy on {path}")
-        ours = _measure_child(os.path.abspath(path), threads=args.threads, quick=args.quick)
-        theirs = None
-        if not args.no_llama_cpp:
-            be._progress(f"llama.cpp on {path} (cached binaries only)")
-            theirs = base.run_llama_cpp(args.threads, npl, npp, new, model=path, tg=ntg)
+        bins = None if args.no_llama_cpp else base.llama_cpp_bins(os.path.abspath(path))
+        be._progress(f"pagedcy on {path}" + (", llama.cpp's runs between ours" if bins else ""))
+        ours = _measure_child(os.path.abspath(path), threads=args.threads, quick=args.quick,
+                              llama_cpp=list(bins) if bins else None)
+        theirs = ours.pop("llama.cpp", None)
         results["files"][path] = {"pagedcy": ours, "llama.cpp": theirs}
     if args.gguf:
         # before and after the runs: a busy neighbour lowers one, the better one is the machine's

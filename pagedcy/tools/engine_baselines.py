@@ -119,16 +119,11 @@ def _run(cmd, timeout):
     return out.stdout, None
 
 
-def run_llama_cpp(threads, npl, npp, ntg, timeout=900, model=None, tg=64):
-    """Run llama.cpp's batched bench (npl sequences x (npp prompt + ntg generated)) and
-    llama-bench (pp npp, tg ``tg``, one sequence) on ``model`` (default the 55M Llama's
-    GGUF). Returns a dict with ``prefill_tps``, ``gen_tps``, ``total_s``,
-    ``single_decode_tps``, ``single_prefill_tps``, the raw tables and, when a binary
-    failed, ``error``; None when the binaries are not built."""
-    bins = llama_cpp_bins(model)
-    if bins is None:
-        return None
-    bench, batched, model = bins
+def llama_cpp_batched(bins, threads, npl, npp, ntg, timeout=900):
+    """llama-batched-bench (``npl`` sequences x (``npp`` prompt + ``ntg`` generated)) with
+    ``bins`` (:func:`llama_cpp_bins`' tuple): ``prefill_tps``, ``gen_tps``, ``total_s``,
+    ``tables`` and, when it failed, ``error``."""
+    batched, model = bins[1], bins[2]
     res = {"tables": []}
     stdout, err = _run([batched, "-m", model, "-t", str(threads), "-c", str(max(4096, npl * (npp + ntg) + 64)),
                         "-b", "2048", "-ub", "512", "-npp", str(npp), "-ntg", str(ntg), "-npl", str(npl)],
@@ -141,10 +136,19 @@ def run_llama_cpp(threads, npl, npp, ntg, timeout=900, model=None, tg=64):
         res["gen_tps"] = float(vals[col["S_TG t/s"]])
         res["total_s"] = float(vals[col["T s"]])
         res["tables"].append(stdout.strip())
-    errors = [err] if err else []
-    stdout, err = _run([bench, "-m", model, "-t", str(threads), "-p", str(npp), "-n", str(tg), "-r", "3"],
-                       timeout)
-    errors += [err] if err else []
+    if err:
+        res["error"] = err
+    return res
+
+
+def llama_cpp_single(bins, threads, npp, tg, reps=3, timeout=900):
+    """llama-bench (pp ``npp`` and tg ``tg``, one sequence, ``-r reps``: the mean of ``reps``
+    runs) with ``bins``: ``single_prefill_tps``, ``single_decode_tps``, ``tables`` and, when
+    it failed, ``error``."""
+    bench, model = bins[0], bins[2]
+    res = {"tables": []}
+    stdout, err = _run([bench, "-m", model, "-t", str(threads), "-p", str(npp), "-n", str(tg),
+                        "-r", str(reps)], timeout)
     rows = _table_rows(stdout)
     if len(rows) >= 2:
         col = {h: i for i, h in enumerate(rows[0])}
@@ -156,9 +160,38 @@ def run_llama_cpp(threads, npl, npp, ntg, timeout=900, model=None, tg=64):
             elif test.startswith("tg"):
                 res["single_decode_tps"] = rate
         res["tables"].append(stdout.strip())
+    if err:
+        res["error"] = err
+    return res
+
+
+def merge_llama_cpp(parts):
+    """One dict of several :func:`llama_cpp_batched` / :func:`llama_cpp_single` results: each
+    rate the best of the parts that have it (``total_s`` the least), tables in order, errors
+    joined."""
+    res = {"tables": [t for p in parts for t in p.get("tables", [])]}
+    for key, best in (("prefill_tps", max), ("gen_tps", max), ("total_s", min),
+                      ("single_prefill_tps", max), ("single_decode_tps", max)):
+        got = [p[key] for p in parts if key in p]
+        if got:
+            res[key] = best(got)
+    errors = [p["error"] for p in parts if p.get("error")]
     if errors:
         res["error"] = "; ".join(errors)
     return res
+
+
+def run_llama_cpp(threads, npl, npp, ntg, timeout=900, model=None, tg=64):
+    """Run llama.cpp's batched bench (npl sequences x (npp prompt + ntg generated)) and
+    llama-bench (pp npp, tg ``tg``, one sequence, mean of 3 runs) on ``model`` (default the
+    55M Llama's GGUF). Returns a dict with ``prefill_tps``, ``gen_tps``, ``total_s``,
+    ``single_decode_tps``, ``single_prefill_tps``, the raw tables and, when a binary
+    failed, ``error``; None when the binaries are not built."""
+    bins = llama_cpp_bins(model)
+    if bins is None:
+        return None
+    return merge_llama_cpp([llama_cpp_batched(bins, threads, npl, npp, ntg, timeout),
+                            llama_cpp_single(bins, threads, npp, tg, 3, timeout)])
 
 
 if __name__ == "__main__":
