@@ -132,7 +132,7 @@ def test_checks_raise_what_numpy_raised(batch, faults):
             pages[i] = maxp + r % 2 if r % 2 else -1
         elif kind == "offset":
             offs[i] = ps
-        elif kind == "table":
+        elif kind == "table" and tables.shape[1]:     # (a narrowed table may have no column)
             tables[b, 0] = maxp if r % 2 else -1
         elif kind == "narrow":
             tables = np.ascontiguousarray(tables[:, :max(0, tables.shape[1] - 1 - r % 2)])
@@ -168,3 +168,33 @@ def test_guards_against_inconsistent_arguments():
         check_step_pages(i32(0), i32(0), i32(1), t[:1], i32(-5), i32(0, 1), 4, 4)
     with pytest.raises(ValueError, match="not decrease"):
         check_step_pages(i32(0, 0), i32(0, 0), i32(1, 1), t, i32(0, 0), i32(0, 3, 2), 4, 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(kv=st.lists(st.integers(1, 50), min_size=0, max_size=6), data=st.data())
+def test_first_bad_q_len(kv, data):
+    """The compiled range check of an engine step's q_lens against the NumPy reference; any
+    array but int64 C-contiguous [B] is left to the general check (-2)."""
+    from pagedcy._libs._slots import first_bad_q_len
+    from pagedcy.kvcache.step import check_q_lens
+    kv_lens = np.array(kv, dtype=np.int64)
+    q = np.array([data.draw(st.integers(-1, k + 1)) for k in kv], dtype=np.int64)
+    bad = np.nonzero((q < 1) | (q > kv_lens))[0]
+    assert first_bad_q_len(q, kv_lens) == (int(bad[0]) if bad.size else -1)
+    for other in (q.astype(np.int32), q.tolist(), q.astype(np.float64), q.reshape(1, -1),
+                  np.concatenate([q, q])[::2] if q.size > 1 else q[:0].astype(np.int32)):
+        assert first_bad_q_len(other, kv_lens) == -2
+    if q.size:
+        assert first_bad_q_len(q[:-1], kv_lens) == -2          # the wrong length
+
+    class H:
+        request_id = "r"
+    handles = [H()] * len(kv)
+    if bad.size:
+        # the general check's message, whichever path found the fault
+        with pytest.raises(ValueError, match=r"q_len -?\d+ of 'r' must be in \[1, \d+\]"):
+            check_q_lens(q, handles, kv_lens)
+    else:
+        assert check_q_lens(q, handles, kv_lens) is q          # the engine's array, as it is
+        got = check_q_lens(q.astype(np.int32), handles, kv_lens)
+        assert got.dtype == np.int64 and np.array_equal(got, q)

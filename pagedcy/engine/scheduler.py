@@ -27,8 +27,9 @@ __all__ = ["Scheduler", "ScheduledBatch"]
 
 class ScheduledBatch:
     """One step's work: ``seqs`` (decode rows first, then prefill chunks) and
-    ``q_lens`` int32 ``[len(seqs)]`` (new tokens of each); ``num_decodes`` leading
-    rows are decodes (q_len 1)."""
+    ``q_lens`` int64 ``[len(seqs)]`` (new tokens of each: the manager's dtype, so
+    ``prepare_step`` / ``commit_step`` take it as it is); ``num_decodes`` leading rows are
+    decodes (q_len 1)."""
 
     __slots__ = ("seqs", "q_lens", "num_decodes")
 
@@ -37,7 +38,7 @@ class ScheduledBatch:
         pre = [(s, q) for s, q in scheduled if not s.is_decoding()]
         self.num_decodes = len(dec)
         self.seqs = dec + [s for s, _ in pre]
-        self.q_lens = np.ones(len(self.seqs), dtype=np.int32)
+        self.q_lens = np.ones(len(self.seqs), dtype=np.int64)
         if pre:
             self.q_lens[len(dec):] = [q for _, q in pre]
 

@@ -199,7 +199,8 @@ class KVAccess:
             tables = self._tables(hs)
             seq, blk, pages = touched_blocks(tables, kv, ql, ps)
             idx, new = self._own(hs, seq, blk, pages)
-            tables[seq[idx], blk[idx]] = new
+            if new:           # (no copy: skip three cold NumPy calls on empty indices)
+                tables[seq[idx], blk[idx]] = new
             return step_slots(tables, kv, ql, ps)
 
     def commit_step(self, handles, q_lens):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pagedcy import _validate
-from pagedcy._libs._slots import step_slot_arrays
+from pagedcy._libs._slots import first_bad_q_len, step_slot_arrays
 
 __all__ = ["StepSlots", "step_slots", "check_q_lens"]
 
@@ -48,7 +48,10 @@ class StepSlots:
 
 def check_q_lens(q_lens, handles, kv_lens):
     """``q_lens`` as int64 ``[B]`` with ``1 <= q_lens[i] <= kv_lens[i]`` (int64 ``[B]``,
-    the tokens of ``handles[i]``): TypeError for non-integers, ValueError otherwise."""
+    the tokens of ``handles[i]``): TypeError for non-integers, ValueError otherwise. An
+    int64 C-contiguous ``q_lens`` in range (the engine's) is returned as it is."""
+    if first_bad_q_len(q_lens, kv_lens) == -1:
+        return q_lens
     ql = np.asarray(q_lens)
     if ql.size == 0 and ql.dtype.kind == "f":     # [] arrives as float64
         ql = ql.astype(np.int64)

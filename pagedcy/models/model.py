@@ -152,8 +152,9 @@ class CausalLM:
         n, b = ids.shape[0], lens.shape[0]
         c, ws, nt = self.config, self._ws, self._nt
         ws.ensure(n, b)
+        top = int(pos.max())
         for table in self._ropes:
-            table.ensure(int(pos.max()))
+            table.ensure(top)
         eps, H, Hk = c.rms_norm_eps, c.num_heads, c.num_kv_heads
         scale, cap = c.query_scale, c.attn_logit_softcapping or 0.0
         act_mul = gelu_tanh_mul if c.hidden_act == "gelu_tanh" else silu_mul
@@ -192,10 +193,17 @@ class CausalLM:
                 delta += lw.down_bias
             if lw.mlp_out_norm is not None:
                 rms_norm(delta, lw.mlp_out_norm, eps, delta, None, nt)
-        last_rows = indptr[1:] - 1
-        last, hn, logits = ws.last[:b], ws.last_normed[:b], ws.logits[:b]
-        np.take(resid, last_rows, axis=0, out=last)
-        rms_norm(np.take(delta, last_rows, axis=0), self._final_norm, eps, hn, last, nt)
+        hn, logits = ws.last_normed[:b], ws.logits[:b]
+        if n == b:
+            # one row per sequence (a decode step): every row is a last row. No gathers:
+            # right after the weights have streamed, each NumPy call costs ~10 us cold.
+            last, dlast = resid, delta
+        else:
+            last_rows = indptr[1:] - 1
+            last = ws.last[:b]
+            np.take(resid, last_rows, axis=0, out=last)
+            dlast = np.take(delta, last_rows, axis=0)
+        rms_norm(dlast, self._final_norm, eps, hn, last, nt)
         linear(hn, self._lm_head, logits, nt)
         if c.final_logit_softcapping is not None:
             cap = float(np.float32(c.final_logit_softcapping))
