@@ -140,6 +140,18 @@ def test_llama_cpp_runs_between_ours(tmp_path):
     assert "llama.cpp's =" in text and "runs between pagedcy's runs" in text
 
 
+def test_repeats_sets_the_runs_on_both_sides(tmp_path):
+    """``--repeats 2``: two pp / tg runs of ours, each followed by one llama-bench run, and
+    three bandwidth probes around them; the header says best of 2."""
+    _fake_llama_cpp(tmp_path)
+    text = _run("--gguf", FIXTURE, "--repeats", "2", anchors=tmp_path)
+    calls = (tmp_path / "args.log").read_text().splitlines()
+    assert len(calls) == 3 and all("-r 1" in c for c in calls[:2]) and "-npl 2" in calls[2]
+    assert "best of 2 for pp / tg" in text and "best of 3" not in text
+    local = next(line for line in text.splitlines() if line.startswith("read bandwidth probed"))
+    assert local.split(": ")[1].split(" GB/s")[0].count(", ") == 2
+
+
 def test_merge_llama_cpp_takes_each_rows_best():
     parts = [{"single_prefill_tps": 90.0, "single_decode_tps": 55.0, "tables": ["a"]},
              {"single_prefill_tps": 110.0, "single_decode_tps": 45.0, "tables": ["b"],

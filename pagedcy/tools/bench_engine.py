@@ -397,6 +397,9 @@ def main(argv=None, *, as_command=False):
                          "(repeatable; see pagedcy.tools.bench_gguf)")
     ap.add_argument("--bf16-vs-f32", action="store_true",
                     help="a bf16 checkpoint of qwen2.5-0.5b's shape with dtype auto vs float32")
+    ap.add_argument("--repeats", type=positive_int, default=3,
+                    help="--gguf / --bf16-vs-f32: pp / tg runs per file, each side's best is "
+                         "reported (more on a host whose bandwidth swings; default 3)")
     from pagedcy.server.launch import add_weight_arguments
     add_weight_arguments(ap)
     args = ap.parse_args(argv)

@@ -10,7 +10,8 @@ best, and the best of the probes around the file's decode runs) and the decode r
 share of what that bandwidth allows, and llama.cpp's rows on the same file
 when its binaries are built under ``~/.cache/pagedcy-anchors`` (never built here): its runs
 alternate with ours in the same minutes (a llama-bench run after each of our pp / tg runs,
-llama-batched-bench after our batched run), and both sides' pp / tg are the best of 3.
+llama-batched-bench after our batched run), and both sides' pp / tg are the best of
+``--repeats`` runs (3 by default).
 
 ``--bf16-vs-f32``: a random checkpoint of qwen2.5-0.5b's shape saved as bf16 safetensors,
 loaded with ``dtype="auto"`` (kept bf16) and ``dtype="float32"`` (widened): pp / tg rates
@@ -270,19 +271,20 @@ def run(args):
     from pagedcy.tools import engine_baselines as base
     print(be.machine_header())
     npp, ntg, npl, new = sizes(args.quick)
+    repeats = getattr(args, "repeats", 3)
     print(f"rows: pp{npp} (one {npp}-token prompt), tg{ntg} (one sequence), {npl} x ({npp} prompt + "
           f"{new} generated) through LLM.generate (pagedcy: {new + 1} sampled tokens, the prefill's "
           f"first one included, as llama-batched-bench's {new} decode steps after its prefill); "
-          f"greedy, {args.threads} threads, best of 3 for pp / tg; llama.cpp (cached binaries only) "
-          f"runs between pagedcy's runs: one llama-bench run (-r 1) after each pp / tg run, "
-          f"llama-batched-bench after the batched one, best of 3 for pp / tg likewise")
+          f"greedy, {args.threads} threads, best of {repeats} for pp / tg; llama.cpp (cached binaries "
+          f"only) runs between pagedcy's runs: one llama-bench run (-r 1) after each pp / tg run, "
+          f"llama-batched-bench after the batched one, best of {repeats} for pp / tg likewise")
     results = {"files": {}}
     bw_start = bandwidth(args.threads, args.quick) if args.gguf else None
     for path in args.gguf or []:
         bins = None if args.no_llama_cpp else base.llama_cpp_bins(os.path.abspath(path))
         be._progress(f"pagedcy on {path}" + (", llama.cpp's runs between ours" if bins else ""))
         ours = _measure_child(os.path.abspath(path), threads=args.threads, quick=args.quick,
-                              llama_cpp=list(bins) if bins else None)
+                              repeats=repeats, llama_cpp=list(bins) if bins else None)
         theirs = ours.pop("llama.cpp", None)
         results["files"][path] = {"pagedcy": ours, "llama.cpp": theirs}
     if args.gguf:
@@ -300,7 +302,7 @@ def run(args):
         for dt in ("auto", "float32"):
             be._progress(f"bf16 checkpoint, dtype={dt}")
             got[dt] = _measure_child(path, threads=args.threads, quick=args.quick, dtype=dt,
-                                     batched=False)
+                                     repeats=repeats, batched=False)
         results["bf16"] = got
         print(format_bf16(path, got["auto"], got["float32"], args.quick))
     return results
