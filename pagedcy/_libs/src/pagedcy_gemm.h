@@ -38,6 +38,18 @@
 #ifndef PG_PF_LOC
 #define PG_PF_LOC 2
 #endif
+/* ... but at most this many bytes ahead (at least one block): a block of 8 long rows is
+ * 45-512 KiB (K = 1408-16384 float32), and 4 of them ahead were evicted from L2 before
+ * use or crowded it (AMD EPYC Zen 5, 2 threads, one row of A: K = 16384 31.0 -> 34.7 GB/s,
+ * K = 4096 37.1 -> 40.4, K = 1408 +4%, in-process A/B against 4 blocks). */
+#ifndef PG_PF_BYTES
+#define PG_PF_BYTES (64 * 1024)
+#endif
+/* Blocks of nb rows of wrb bytes to prefetch ahead: PG_PF_BLOCKS, capped by PG_PF_BYTES. */
+static inline int pg_pf_blocks(int nb, int64_t wrb) {
+    const int64_t b = PG_PF_BYTES / ((int64_t)nb * wrb);
+    return b < 1 ? 1 : b > PG_PF_BLOCKS ? PG_PF_BLOCKS : (int)b;
+}
 static inline int pg_min(int a, int b) { return a < b ? a : b; }
 
 /* Plain C, for CPUs without AVX2 (and as the tests' third path). */
@@ -255,11 +267,11 @@ static void pg_gemm_stream_q(int level, int M, int n0, int n1, int K, const floa
     const int mr_max = 3, nb_max = level == 1 && M > 1 ? 4 : 8;
     const int QK = pg_q_qk(F), BYTES = pg_q_bytes(F);
     const int nblk = (M + mr_max - 1) / mr_max;
-    const int nkb = (K + PG_KC - 1) / PG_KC;
+    const int nkb = (K + PG_KC - 1) / PG_KC, pf_blocks = pg_pf_blocks(nb_max, wrb);
     for (int n = n0; n < n1; n += nb_max) {
         const int nb = pg_min(nb_max, n1 - n);
         const uint8_t *wrow = (const uint8_t *)W + (int64_t)n * wrb;
-        const int ahead = n + PG_PF_BLOCKS * nb_max;
+        const int ahead = n + pf_blocks * nb_max;
         const int64_t ahead_bytes = ahead < n1 ? (int64_t)pg_min(nb_max, n1 - ahead) * wrb : 0;
         for (int kb = 0; kb < nkb; kb++) {
             const int k0 = kb * PG_KC, kc = pg_min(PG_KC, K - k0), nq = kc / QK;
@@ -303,14 +315,14 @@ static void pg_gemm_stream(int level, int M, int n0, int n1, int K, const float 
                    : fmt->decode == pagedcy_decode_bf16 ? 2 : -1;
     const int64_t ldw_in = wfmt == 0 ? wrb / 4 : wrb / 2;
     const int nblk = (M + mr_max - 1) / mr_max;           /* row blocks of near-equal size */
-    const int nkb = (K + PG_KC - 1) / PG_KC;
+    const int nkb = (K + PG_KC - 1) / PG_KC, pf_blocks = pg_pf_blocks(nb_max, wrb);
     for (int n = n0; n < n1; n += nb_max) {
         const int nb = pg_min(nb_max, n1 - n);
         const char *wrow = (const char *)W + (int64_t)n * wrb;
         /* The block of W PG_PF_BLOCKS ahead goes toward L2 (its rows are contiguous),
          * a share per K block: a block is only NB short runs, too short for the
          * hardware prefetchers to ramp up on. */
-        const int ahead = n + PG_PF_BLOCKS * nb_max;
+        const int ahead = n + pf_blocks * nb_max;
         const int64_t ahead_bytes = ahead < n1 ? (int64_t)pg_min(nb_max, n1 - ahead) * wrb : 0;
         for (int kb = 0; kb < nkb; kb++) {
             const int k0 = kb * PG_KC, kc = pg_min(PG_KC, K - k0);
