@@ -271,7 +271,7 @@ def run(args):
     from pagedcy.tools import engine_baselines as base
     print(be.machine_header())
     npp, ntg, npl, new = sizes(args.quick)
-    repeats = getattr(args, "repeats", 3)
+    repeats = args.repeats
     print(f"rows: pp{npp} (one {npp}-token prompt), tg{ntg} (one sequence), {npl} x ({npp} prompt + "
           f"{new} generated) through LLM.generate (pagedcy: {new + 1} sampled tokens, the prefill's "
           f"first one included, as llama-batched-bench's {new} decode steps after its prefill); "

@@ -319,7 +319,7 @@ static void pg_gemm_stream(int level, int M, int n0, int n1, int K, const float 
     for (int n = n0; n < n1; n += nb_max) {
         const int nb = pg_min(nb_max, n1 - n);
         const char *wrow = (const char *)W + (int64_t)n * wrb;
-        /* The block of W PG_PF_BLOCKS ahead goes toward L2 (its rows are contiguous),
+        /* The block of W pf_blocks ahead goes toward L2 (its rows are contiguous),
          * a share per K block: a block is only NB short runs, too short for the
          * hardware prefetchers to ramp up on. */
         const int ahead = n + pf_blocks * nb_max;

@@ -154,8 +154,8 @@ PG_AVX2 static void pg_pack_w_avx2(const void *W, int64_t wrb, const pagedcy_row
  * 2816 x 512, in-process A/B: 278 -> 370 GFLOP/s on 2 threads (AVX-512), 117 ->
  * 194 (AVX2); 2048 x 512 x 1408 (three K blocks): 175 -> 411; one thread +5-8%.
  * pfn: the last tile over this micro-panel of A also prefetches the next one into
- * L2, at the offset the tile reads its own (2048 x 2816 x 512, 2 threads: 371 -> 400 GFLOP/s AVX-512,
- * 199 -> 218 AVX2; the others +0-3%). */
+ * L2, at the offset the tile reads its own (2048 x 2816 x 512, 2 threads: 371 -> 400
+ * GFLOP/s AVX-512, 199 -> 218 AVX2; the others +0-3%). */
 #define PG_MICRO_KERNEL(VT, ZERO, LOAD, SET1, FMA, ADD, STORE, MR, VW, L, UNR)          \
     VT c[(MR) * 2], stk[4 * (MR) * 2];                                                 \
     for (int i = 0; i < mr; i++) {                                                     \
@@ -166,7 +166,7 @@ PG_AVX2 static void pg_pack_w_avx2(const void *W, int64_t wrb, const pagedcy_row
         PG_UNROLL_ALL for (int u = 0; u < (MR) * 2; u++) c[u] = ZERO();               \
         PG_PRAGMA(GCC unroll UNR)                                                      \
         for (int t = 0; t < T; t++, xp += (MR), wp += 2 * (VW)) {                      \
-            if (pfn) __builtin_prefetch(xp + (int64_t)(L) * T * (MR), 0, 2);                \
+            if (pfn) __builtin_prefetch(xp + (int64_t)(L) * T * (MR), 0, 2);           \
             const VT w0 = LOAD(wp), w1 = LOAD(wp + (VW));                              \
             PG_UNROLL_ALL for (int i = 0; i < (MR); i++) {                             \
                 const VT a = SET1(xp[i]);                                              \
