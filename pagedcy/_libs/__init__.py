@@ -5,7 +5,8 @@
 - ``_attention``: batched paged attention (AVX-512 / AVX2 / scalar, chosen at run time).
 - ``_manager_ops``: the batched row writes and block tables of the multi-sequence manager;
   ``_slots``: an engine step's slots, laid out from block tables and checked before a forward.
-- ``_threads``, ``_bandwidth``: OpenMP thread counts and the read-bandwidth yardstick.
+- ``_threads``, ``_bandwidth``: OpenMP thread counts and the read-bandwidth yardstick;
+  ``_team``: a decode step's threads held awake from its first kernel to its last.
 - ``src/``: the C kernels the extensions include.
 
 OpenMP wait policy. After a parallel region libgomp's workers spin for about 3 ms (LLVM's
@@ -25,7 +26,10 @@ step 30% slower). Measured on the 2-core Xeon (family 6 model 167), 1000 -> 3000
 spins: single-sequence decode of a Gemma 3 270M Q4_K_M file 58-61 -> 65-69 -> 70-71 tok/s
 (a 640 x 1024 projection of a decode step found its worker asleep), the 55M engine bench's
 16 requests 1.5% faster at 3000, and ``asv_benches/interleave.py``'s NumPy step 28.9 -> 29.6
--> 31.1 ms. 3000 keeps most of the decode gain for a 2.5% cost to the mixed NumPy step. The runtime reads the variable only when it
+-> 31.1 ms. 3000 keeps most of the decode gain for a 2.5% cost to the mixed NumPy step. A
+model's decode step does not rely on it: ``CausalLM.forward`` runs steps of at most
+``TEAM_MAX_TOKENS`` tokens on a step team (``_team``), whose threads spin from the step's first
+kernel to its last and then return to this policy. The runtime reads the variable only when it
 loads. On Linux builds with GCC, pagedcy links a copy of libgomp of its own
 (``libpagedcy_gomp.so.1``, beside the extensions, as auditwheel vendors libraries), so an
 OpenMP runtime loaded before it (``import torch`` first loads torch's ``libgomp.so.1``) does

@@ -12,6 +12,7 @@ from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free
 
 from pagedcy._libs._openmp cimport omp_get_thread_num
+from pagedcy._libs._team cimport team_run, team_threads
 from pagedcy._libs._threads import resolve_num_threads
 from pagedcy._validate import (as_int, check_index, check_out, check_positive, finite_float,
                                float_array, int_array_nd)
@@ -79,6 +80,45 @@ _TUNE_FLAGS = {
 }
 
 
+cdef extern from *:
+    """
+    /* next unclaimed index of a step team's dynamic loop */
+    static inline long long pagedcy_claim(long long *next) {
+        return __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+    }
+    static inline void pagedcy_atomic_add_int(int *p, int v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+    """
+    long long pagedcy_claim(long long *next) noexcept nogil
+    void pagedcy_atomic_add_int(int *p, int v) noexcept nogil
+
+
+ctypedef struct _AttnJob:
+    const pagedcy_attn_params *P
+    pagedcy_attn_plan *pl
+    float *ws
+    float *part_o
+    float *part_lse
+    long long next_item, next_group
+    int merr
+
+
+cdef void _attn_items_job(void *arg, int t, int nt) noexcept nogil:
+    """A step team's share of the plan's items, claimed one at a time (as schedule='dynamic')."""
+    cdef _AttnJob *j = <_AttnJob *>arg
+    cdef long long i = pagedcy_claim(&j.next_item)
+    while i < j.pl.nitems:
+        pagedcy_attn_run_item(j.P, &j.pl.items[i], j.ws + t * j.pl.ws_floats, j.part_o, j.part_lse)
+        i = pagedcy_claim(&j.next_item)
+
+
+cdef void _attn_merge_job(void *arg, int t, int nt) noexcept nogil:
+    cdef _AttnJob *j = <_AttnJob *>arg
+    cdef long long i = pagedcy_claim(&j.next_group)
+    while i < j.pl.ngroups:
+        pagedcy_atomic_add_int(&j.merr, pagedcy_attn_merge_group(j.P, &j.pl.groups[i], j.part_o, j.part_lse))
+        i = pagedcy_claim(&j.next_group)
+
+
 cdef int _run_kernel(const pagedcy_attn_params *P, int num_threads, int64_t kv_chunk) noexcept nogil:
     """Plan, run every item on an OpenMP team, merge the splits. Returns 0, or
     -1 when scratch memory could not be allocated."""
@@ -96,8 +136,18 @@ cdef int _run_kernel(const pagedcy_attn_params *P, int num_threads, int64_t kv_c
     cdef int64_t i
     cdef int rc = 0
     cdef int merr = 0
+    cdef _AttnJob job
     if ws == NULL or part_o == NULL or part_lse == NULL:
         rc = -1
+    elif nt > 1 and team_threads() == nt:       # inside a step's team: no region of our own
+        job.P, job.pl, job.ws, job.part_o, job.part_lse = P, pl, ws, part_o, part_lse
+        job.next_item = job.next_group = 0
+        job.merr = 0
+        team_run(_attn_items_job, &job)
+        if pl.ngroups > 0:
+            team_run(_attn_merge_job, &job)
+            if job.merr != 0:
+                rc = -1
     else:
         for i in prange(pl.nitems, num_threads=nt, schedule='dynamic', chunksize=1):
             pagedcy_attn_run_item(P, &pl.items[i], ws + omp_get_thread_num() * pl.ws_floats,

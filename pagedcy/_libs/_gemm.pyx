@@ -23,6 +23,7 @@ from libc.stdint cimport int8_t, int32_t, int64_t
 
 from pagedcy._libs._layers cimport _f32, _overlap
 from pagedcy._libs._openmp cimport PAGEDCY_OPENMP
+from pagedcy._libs._team cimport team_run, team_threads
 from pagedcy._libs._threads import resolve_num_threads
 
 cnp.import_array()
@@ -76,6 +77,24 @@ cdef inline int _rows_part(int simd, int m0, int m1, int N, int K, const float *
                                  fmt, op + <int64_t>m0 * N, N)
 
 
+ctypedef struct _RowsJob:
+    int simd, M, N, K, blocks
+    const float *xp
+    const void *wp
+    int64_t row_bytes
+    const pagedcy_rowfmt *fmt
+    float *op
+    int rc[64]        # per thread (_kernel posts only for teams of at most 64)
+
+
+cdef void _rows_job(void *arg, int t, int nt) noexcept nogil:
+    """Thread t of nt's static share of W's rows (a step team's job: _kernel's split by W)."""
+    cdef _RowsJob *j = <_RowsJob *>arg
+    j.rc[t] = pagedcy_gemm_rows_fmt(j.simd, j.M, _ROW_ALIGN * (j.blocks * t // nt),
+                                    min(j.N, _ROW_ALIGN * (j.blocks * (t + 1) // nt)), j.K, j.xp,
+                                    j.K, j.wp, j.row_bytes, j.fmt, j.op, j.N)
+
+
 cdef int _kernel(cnp.ndarray x, cnp.ndarray w, const pagedcy_rowfmt *fmt, cnp.ndarray out,
                  int nt, int simd) except -1:
     cdef int M = x.shape[0], K = x.shape[1], N = w.shape[0], t, blocks, rc = 0
@@ -83,6 +102,7 @@ cdef int _kernel(cnp.ndarray x, cnp.ndarray w, const pagedcy_rowfmt *fmt, cnp.nd
     cdef const void *wp = cnp.PyArray_DATA(w)
     cdef float *op = <float *>cnp.PyArray_DATA(out)
     cdef int64_t row_bytes = <int64_t>K // fmt.block * fmt.block_bytes
+    cdef _RowsJob job
     if M == 0 or N == 0:
         return 0
     blocks = (N + _ROW_ALIGN - 1) // _ROW_ALIGN
@@ -108,6 +128,13 @@ cdef int _kernel(cnp.ndarray x, cnp.ndarray w, const pagedcy_rowfmt *fmt, cnp.nd
             rc |= _rows_part(simd, _M_ALIGN * (blocks * t // nt),
                              min(M, _M_ALIGN * (blocks * (t + 1) // nt)), N, K, xp, wp,
                              row_bytes, fmt, op)
+    elif team_threads() == nt and nt <= 64:      # inside a step's team: no region of our own
+        job.simd, job.M, job.N, job.K, job.blocks = simd, M, N, K, blocks
+        job.xp, job.wp, job.row_bytes, job.fmt, job.op = xp, wp, row_bytes, fmt, op
+        with nogil:
+            team_run(_rows_job, &job)
+        for t in range(nt):
+            rc |= job.rc[t]
     else:
         for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
             rc |= pagedcy_gemm_rows_fmt(simd, M, _ROW_ALIGN * (blocks * t // nt),

@@ -18,6 +18,7 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 
 from pagedcy._libs._gemm cimport _nthreads, pg_q8a, pg_q8a_quantize_tls
 from pagedcy._libs._layers cimport _f32, _overlap
+from pagedcy._libs._team cimport team_run, team_threads
 from pagedcy._libs._gemm import BLOCK_FORMATS, Q8A_FORMATS
 from pagedcy._libs._threads import resolve_num_threads
 
@@ -146,6 +147,25 @@ cdef int _run_parts(int simd, int M, int q0, int q1, const pg_q8a *act, int npar
 cdef enum:
     MAX_PARTS = 8     # a fused q|k|v has at most 3
 
+
+ctypedef struct _PartsJob:
+    int simd, M, total, nparts, ldc
+    const pg_q8a *act
+    const int *F
+    const int *pairs0
+    const uint8_t **P
+    const int *N
+    const int *col
+    float *op
+    int rc[64]        # per thread (a team has at most 64 here: see _linear_parts_tuned)
+
+
+cdef void _parts_job(void *arg, int t, int nt) noexcept nogil:
+    """Thread t of nt's static share of the panel pairs (a step team's job)."""
+    cdef _PartsJob *j = <_PartsJob *>arg
+    j.rc[t] = _run_parts(j.simd, j.M, j.total * t // nt, j.total * (t + 1) // nt, j.act, j.nparts,
+                         j.F, j.pairs0, j.P, j.N, j.col, j.op, j.ldc)
+
 #: Most parts ``linear_parts`` takes in one call.
 MAX_LINEAR_PARTS = MAX_PARTS
 
@@ -201,9 +221,17 @@ def _linear_parts_tuned(x, parts, out, num_threads=None, max_simd=2):
     # threads take runs of whole panel pairs (the AVX-512 tile's 32 rows) over all the parts:
     # one parallel region for a fused q|k|v whose parts differ in format
     cdef int nt = min(_nthreads(ntot, K, M, resolve_num_threads(num_threads)), total)
+    cdef _PartsJob job
     if nt <= 1:
         with nogil:
             rc = _run_parts(simd, M, 0, total, &act, nparts, F, q, P, N, c, op, ldc)
+    elif team_threads() == nt and nt <= 64:      # inside a step's team: no region of our own
+        job.simd, job.M, job.total, job.nparts, job.ldc = simd, M, total, nparts, ldc
+        job.act, job.F, job.pairs0, job.P, job.N, job.col, job.op = &act, F, q, P, N, c, op
+        with nogil:
+            team_run(_parts_job, &job)
+        for t in range(nt):
+            rc |= job.rc[t]
     else:
         for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
             rc |= _run_parts(simd, M, total * t // nt, total * (t + 1) // nt, &act, nparts, F, q, P, N,

@@ -11,6 +11,7 @@ from pagedcy._libs._attention import AttentionBatch
 from pagedcy._libs._layers import gelu_tanh_mul, qkv_rope, rms_norm, silu_mul
 from pagedcy._libs._manager_ops import write_token_rows
 from pagedcy._libs._slots import check_step_layout, check_step_pages
+from pagedcy._libs._team import run_in_team
 from pagedcy._libs._threads import resolve_num_threads
 from pagedcy.models.config import ModelConfig
 from pagedcy.models.layers import LayerWeights
@@ -24,6 +25,10 @@ __all__ = ["CausalLM"]
 
 # Positions past this are refused rather than growing the RoPE tables without bound.
 MAX_POSITION = 1 << 24
+#: Steps of at most this many tokens run on a step team (``CausalLM.forward``): their
+#: elementwise kernels stay on one thread (below ``_layers.PARALLEL_ELEMENTS``), so every
+#: parallel call in them is one that posts to the team
+TEAM_MAX_TOKENS = 16
 _SLOT_FIELDS = ("positions", "slot_pages", "slot_offsets", "qo_indptr", "kv_lens", "block_tables")
 
 
@@ -145,7 +150,18 @@ class CausalLM:
         (a store's ``pages()`` array for this model's geometry), and return float32
         ``[B, vocab_size]`` logits of each sequence's last row. The result is a reused
         buffer, valid until the next call. TypeError/ValueError/IndexError for bad input
-        (nothing is written when the slots or token ids are invalid)."""
+        (nothing is written when the slots or token ids are invalid).
+
+        A step of at most ``TEAM_MAX_TOKENS`` tokens (decode) runs with its threads held
+        awake from the first kernel to the last (:func:`pagedcy._libs._team.run_in_team`):
+        its sixty-odd short kernel calls then find the other threads spinning, not asleep.
+        """
+        if self._nt > 1 and 0 < len(token_ids) <= TEAM_MAX_TOKENS:
+            return run_in_team(lambda: self._forward(kv_pages, token_ids, slots), self._nt)
+        return self._forward(kv_pages, token_ids, slots)
+
+    def _forward(self, kv_pages, token_ids, slots) -> np.ndarray:
+        """``forward`` on the calling thread's team or none."""
         ids, pos, pages, offs, indptr, lens, tables = self._check(token_ids, slots)
         store = self._pages.store_for(kv_pages)
         self._check_pages(kv_pages, pages, offs, lens, tables, pos, indptr)

@@ -1,0 +1,95 @@
+"""A team of threads held awake through one decode step (``pagedcy_team.h`` says why).
+
+``run_in_team(fn, num_threads)`` calls ``fn()`` on this thread inside one OpenMP region of
+``num_threads`` threads; the others spin until a kernel that ``fn`` calls posts its work
+(``team_run``, cimported by the kernels) or ``fn`` returns. Kernels called from another
+thread, or outside ``run_in_team``, open their own regions as before. Same bits either way:
+a kernel posts the static split its own region would use.
+"""
+from cython.parallel cimport parallel
+
+from pagedcy._libs._openmp cimport omp_get_num_threads, omp_get_thread_num, PAGEDCY_OPENMP
+from pagedcy._libs._threads import resolve_num_threads
+
+cdef extern from "pagedcy_team.h" nogil:
+    ctypedef struct pagedcy_team:
+        int nt
+    void pagedcy_team_init(pagedcy_team *tm, int nt)
+    void pagedcy_team_helper(pagedcy_team *tm, int t)
+    void pagedcy_team_run(pagedcy_team *tm, pagedcy_team_fn fn, void *arg)
+    void pagedcy_team_stop(pagedcy_team *tm)
+
+cdef extern from *:
+    """
+    /* the team of this thread's current step (thread 0's), NULL outside run_in_team */
+    static __thread pagedcy_team *pagedcy_team_cur = 0;
+    /* jobs posted to any team, for tests and diagnosis */
+    static long long pagedcy_team_jobs = 0;
+    static inline void pagedcy_team_count(void) { __atomic_fetch_add(&pagedcy_team_jobs, 1, __ATOMIC_RELAXED); }
+    """
+    pagedcy_team *pagedcy_team_cur
+    long long pagedcy_team_jobs
+    void pagedcy_team_count() noexcept nogil
+
+
+cdef int team_threads() noexcept nogil:
+    """Threads of the calling thread's team, 0 outside ``run_in_team``."""
+    return pagedcy_team_cur.nt if pagedcy_team_cur != NULL else 0
+
+
+cdef int team_run(pagedcy_team_fn fn, void *arg) noexcept nogil:
+    """``fn(arg, t, nt)`` for every thread t of the calling thread's team, returning when all
+    are done: 0, or -1 (nothing run) outside ``run_in_team``."""
+    if pagedcy_team_cur == NULL:
+        return -1
+    pagedcy_team_count()
+    pagedcy_team_run(pagedcy_team_cur, fn, arg)
+    return 0
+
+
+def jobs_posted():
+    """How many kernel calls have posted their work to a team in this process."""
+    return pagedcy_team_jobs
+
+
+cdef int _call(list box, pagedcy_team *tm) noexcept with gil:
+    """box = [fn, result, exception]: fn() with tm as this thread's team."""
+    global pagedcy_team_cur
+    pagedcy_team_cur = tm
+    try:
+        box[1] = box[0]()
+    except BaseException as e:      # re-raised by run_in_team once the region has ended
+        box[2] = e
+    finally:
+        pagedcy_team_cur = NULL
+    return 0
+
+
+def in_team():
+    """True while this thread runs inside ``run_in_team``."""
+    return pagedcy_team_cur != NULL
+
+
+def run_in_team(fn, num_threads=None):
+    """``fn()``, with ``num_threads`` threads (``resolve_num_threads``) held awake for the
+    kernels it calls: one OpenMP region for the whole call instead of one per kernel call.
+    Returns what ``fn`` returns and raises what it raises. Runs ``fn()`` plainly with one
+    thread, in a serial build, or when already inside a team."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    cdef int nt = resolve_num_threads(num_threads)
+    if nt <= 1 or not PAGEDCY_OPENMP or pagedcy_team_cur != NULL:
+        return fn()
+    cdef pagedcy_team tm
+    cdef list box = [fn, None, None]
+    pagedcy_team_init(&tm, nt)
+    with nogil, parallel(num_threads=nt):
+        if omp_get_thread_num() == 0:
+            tm.nt = omp_get_num_threads()
+            _call(box, &tm)
+            pagedcy_team_stop(&tm)
+        else:
+            pagedcy_team_helper(&tm, omp_get_thread_num())
+    if box[2] is not None:
+        raise box[2]
+    return box[1]

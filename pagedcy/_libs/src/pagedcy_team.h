@@ -1,0 +1,91 @@
+/* A team of threads that stays awake through a decode step (pagedcy._libs._team).
+ *
+ * Why: a decode step is some sixty short parallel regions (each projection and attention
+ * call, 50 us to a few ms) with serial work between them. Under pagedcy's OpenMP wait policy
+ * (a short spin, then sleep: what keeps NumPy's BLAS threads and pagedcy's from fighting) the
+ * threads slept ~9 (thread 0, at region ends) and ~13-22 (the worker) times a token of
+ * llama-3.2-1b Q4_K_M (voluntary context switches, AMD EPYC Zen 5 VM, 2 threads), and each
+ * wake costs tens of microseconds, more on a busy host. A longer spin for the whole process
+ * (GOMP_SPINCOUNT=30000) removed the sleeps but made a NumPy program that calls pagedcy
+ * between its matmuls 1.7x slower (asv_benches/interleave.py). So the spin is scoped:
+ * _team.run_in_team holds one OpenMP region open for a step; thread 0 runs the Python forward
+ * pass in it and the others spin here, on a job word, until thread 0 posts a kernel's job (the
+ * split the kernel's own region would use: the same bits) or ends the step. With it, one sleep
+ * a token (between steps); single-sequence decode, same process, alternating, median of 4-6
+ * runs: llama-3.2-1b Q4_K_M 39.9 -> 43.7 tok/s, gemma3-270m Q4_K_M 103 -> 118, Q8_0 on the
+ * AVX2 kernels 91 -> 101, qwen2.5-0.5b Q8_0 61.7 -> 63.4, bf16 safetensors 33.2 -> 33.9.
+ *
+ * One team per step, posted to and waited on by thread 0 only. Jobs return nothing: a job
+ * records its errors in its own argument. */
+#ifndef PAGEDCY_TEAM_H
+#define PAGEDCY_TEAM_H
+
+#include <sched.h>
+#include <stdatomic.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define PAGEDCY_TEAM_PAUSE() _mm_pause()
+#else
+#define PAGEDCY_TEAM_PAUSE() ((void)0)
+#endif
+
+typedef void (*pagedcy_team_fn)(void *arg, int t, int nt);
+
+typedef struct {
+    atomic_uint gen;      /* bumped to post a job or the end of the step */
+    atomic_int done;      /* threads other than 0 done with the current job */
+    atomic_int stop;
+    pagedcy_team_fn fn;
+    void *arg;
+    int nt;
+} pagedcy_team;
+
+/* Spins between checks before a waiting thread also yields its core: a thread 0 that holds
+ * the GIL in Python for long (a slow callback) then costs little. ~0.5-2 ms of pause. */
+#define PAGEDCY_TEAM_SPINS (1 << 14)
+
+static inline void pagedcy_team_init(pagedcy_team *tm, int nt) {
+    atomic_init(&tm->gen, 0u);
+    atomic_init(&tm->done, 0);
+    atomic_init(&tm->stop, 0);
+    tm->fn = 0;
+    tm->arg = 0;
+    tm->nt = nt;
+}
+
+static inline void pagedcy_team_relax(unsigned *spins) {
+    if (++*spins < PAGEDCY_TEAM_SPINS) PAGEDCY_TEAM_PAUSE();
+    else sched_yield();
+}
+
+/* Thread t (> 0): run every job posted until the step ends. */
+static inline void pagedcy_team_helper(pagedcy_team *tm, int t) {
+    unsigned seen = 0;
+    for (;;) {
+        unsigned g, spins = 0;
+        while ((g = atomic_load_explicit(&tm->gen, memory_order_acquire)) == seen) pagedcy_team_relax(&spins);
+        seen = g;
+        if (atomic_load_explicit(&tm->stop, memory_order_acquire)) return;
+        tm->fn(tm->arg, t, tm->nt);
+        atomic_fetch_add_explicit(&tm->done, 1, memory_order_acq_rel);
+    }
+}
+
+/* Thread 0: fn(arg, t, nt) on every thread of the team; returns when all are done. */
+static inline void pagedcy_team_run(pagedcy_team *tm, pagedcy_team_fn fn, void *arg) {
+    unsigned spins = 0;
+    tm->fn = fn;
+    tm->arg = arg;
+    atomic_store_explicit(&tm->done, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&tm->gen, 1u, memory_order_release);
+    fn(arg, 0, tm->nt);
+    while (atomic_load_explicit(&tm->done, memory_order_acquire) < tm->nt - 1) pagedcy_team_relax(&spins);
+}
+
+/* Thread 0: end the step (the helpers return from pagedcy_team_helper). */
+static inline void pagedcy_team_stop(pagedcy_team *tm) {
+    atomic_store_explicit(&tm->stop, 1, memory_order_release);
+    atomic_fetch_add_explicit(&tm->gen, 1u, memory_order_release);
+}
+
+#endif
