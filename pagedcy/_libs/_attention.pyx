@@ -7,12 +7,10 @@ import math
 
 import numpy as np
 cimport numpy as cnp
-from cython.parallel cimport prange
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free
 
-from pagedcy._libs._openmp cimport omp_get_thread_num
-from pagedcy._libs._team cimport team_run, team_threads
+from pagedcy._libs._team cimport pagedcy_atomic_or, pagedcy_claim, run_split
 from pagedcy._libs._threads import resolve_num_threads
 from pagedcy._validate import (as_int, check_index, check_out, check_positive, finite_float,
                                float_array, int_array_nd)
@@ -80,18 +78,6 @@ _TUNE_FLAGS = {
 }
 
 
-cdef extern from *:
-    """
-    /* next unclaimed index of a step team's dynamic loop */
-    static inline long long pagedcy_claim(long long *next) {
-        return __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
-    }
-    static inline void pagedcy_atomic_add_int(int *p, int v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
-    """
-    long long pagedcy_claim(long long *next) noexcept nogil
-    void pagedcy_atomic_add_int(int *p, int v) noexcept nogil
-
-
 ctypedef struct _AttnJob:
     const pagedcy_attn_params *P
     pagedcy_attn_plan *pl
@@ -99,11 +85,12 @@ ctypedef struct _AttnJob:
     float *part_o
     float *part_lse
     long long next_item, next_group
-    int merr
+    int merr          # the merges' error codes or-ed
 
 
 cdef void _attn_items_job(void *arg, int t, int nt) noexcept nogil:
-    """A step team's share of the plan's items, claimed one at a time (as schedule='dynamic')."""
+    """Thread t's share of the plan's items, claimed one at a time (``run_split``'s job: a
+    dynamic schedule of chunk 1; ws slot t is this share's alone)."""
     cdef _AttnJob *j = <_AttnJob *>arg
     cdef long long i = pagedcy_claim(&j.next_item)
     while i < j.pl.nitems:
@@ -112,10 +99,11 @@ cdef void _attn_items_job(void *arg, int t, int nt) noexcept nogil:
 
 
 cdef void _attn_merge_job(void *arg, int t, int nt) noexcept nogil:
+    """The merge groups, claimed one at a time."""
     cdef _AttnJob *j = <_AttnJob *>arg
     cdef long long i = pagedcy_claim(&j.next_group)
     while i < j.pl.ngroups:
-        pagedcy_atomic_add_int(&j.merr, pagedcy_attn_merge_group(j.P, &j.pl.groups[i], j.part_o, j.part_lse))
+        pagedcy_atomic_or(&j.merr, pagedcy_attn_merge_group(j.P, &j.pl.groups[i], j.part_o, j.part_lse))
         i = pagedcy_claim(&j.next_group)
 
 
@@ -133,29 +121,18 @@ cdef int _run_kernel(const pagedcy_attn_params *P, int num_threads, int64_t kv_c
     cdef float *ws = <float *>pagedcy_aligned_alloc(<size_t>(nt * pl.ws_floats) * sizeof(float))
     cdef float *part_o = <float *>pagedcy_aligned_alloc(<size_t>pl.part_o_floats * sizeof(float))
     cdef float *part_lse = <float *>pagedcy_aligned_alloc(<size_t>pl.part_lse_floats * sizeof(float))
-    cdef int64_t i
     cdef int rc = 0
-    cdef int merr = 0
     cdef _AttnJob job
     if ws == NULL or part_o == NULL or part_lse == NULL:
         rc = -1
-    elif nt > 1 and team_threads() == nt:       # inside a step's team: no region of our own
+    else:       # on nt threads of their own, or of the step's team the caller runs on
         job.P, job.pl, job.ws, job.part_o, job.part_lse = P, pl, ws, part_o, part_lse
         job.next_item = job.next_group = 0
         job.merr = 0
-        team_run(_attn_items_job, &job)
+        run_split(_attn_items_job, &job, nt)
         if pl.ngroups > 0:
-            team_run(_attn_merge_job, &job)
+            run_split(_attn_merge_job, &job, nt)
             if job.merr != 0:
-                rc = -1
-    else:
-        for i in prange(pl.nitems, num_threads=nt, schedule='dynamic', chunksize=1):
-            pagedcy_attn_run_item(P, &pl.items[i], ws + omp_get_thread_num() * pl.ws_floats,
-                                  part_o, part_lse)
-        if pl.ngroups > 0:
-            for i in prange(pl.ngroups, num_threads=nt, schedule='dynamic', chunksize=1):
-                merr += pagedcy_attn_merge_group(P, &pl.groups[i], part_o, part_lse)
-            if merr != 0:
                 rc = -1
     free(ws)
     free(part_o)

@@ -23,7 +23,7 @@ from libc.stdint cimport int8_t, int32_t, int64_t
 
 from pagedcy._libs._layers cimport _f32, _overlap
 from pagedcy._libs._openmp cimport PAGEDCY_OPENMP
-from pagedcy._libs._team cimport team_run, team_threads
+from pagedcy._libs._team cimport pagedcy_atomic_or, run_split
 from pagedcy._libs._threads import resolve_num_threads
 
 cnp.import_array()
@@ -84,15 +84,15 @@ ctypedef struct _RowsJob:
     int64_t row_bytes
     const pagedcy_rowfmt *fmt
     float *op
-    int rc[64]        # per thread (_kernel posts only for teams of at most 64)
+    int rc            # the threads' error codes or-ed
 
 
 cdef void _rows_job(void *arg, int t, int nt) noexcept nogil:
-    """Thread t of nt's static share of W's rows (a step team's job: _kernel's split by W)."""
+    """Share t of nt of W's rows, in whole row blocks (``run_split``'s job)."""
     cdef _RowsJob *j = <_RowsJob *>arg
-    j.rc[t] = pagedcy_gemm_rows_fmt(j.simd, j.M, _ROW_ALIGN * (j.blocks * t // nt),
-                                    min(j.N, _ROW_ALIGN * (j.blocks * (t + 1) // nt)), j.K, j.xp,
-                                    j.K, j.wp, j.row_bytes, j.fmt, j.op, j.N)
+    pagedcy_atomic_or(&j.rc, pagedcy_gemm_rows_fmt(
+        j.simd, j.M, _ROW_ALIGN * (j.blocks * t // nt), min(j.N, _ROW_ALIGN * (j.blocks * (t + 1) // nt)),
+        j.K, j.xp, j.K, j.wp, j.row_bytes, j.fmt, j.op, j.N))
 
 
 cdef int _kernel(cnp.ndarray x, cnp.ndarray w, const pagedcy_rowfmt *fmt, cnp.ndarray out,
@@ -128,18 +128,12 @@ cdef int _kernel(cnp.ndarray x, cnp.ndarray w, const pagedcy_rowfmt *fmt, cnp.nd
             rc |= _rows_part(simd, _M_ALIGN * (blocks * t // nt),
                              min(M, _M_ALIGN * (blocks * (t + 1) // nt)), N, K, xp, wp,
                              row_bytes, fmt, op)
-    elif team_threads() == nt and nt <= 64:      # inside a step's team: no region of our own
-        job.simd, job.M, job.N, job.K, job.blocks = simd, M, N, K, blocks
+    else:       # split W (a step's team, when the caller runs on one, takes the same split)
+        job.simd, job.M, job.N, job.K, job.blocks, job.rc = simd, M, N, K, blocks, 0
         job.xp, job.wp, job.row_bytes, job.fmt, job.op = xp, wp, row_bytes, fmt, op
         with nogil:
-            team_run(_rows_job, &job)
-        for t in range(nt):
-            rc |= job.rc[t]
-    else:
-        for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
-            rc |= pagedcy_gemm_rows_fmt(simd, M, _ROW_ALIGN * (blocks * t // nt),
-                                        min(N, _ROW_ALIGN * (blocks * (t + 1) // nt)), K, xp, K,
-                                        wp, row_bytes, fmt, op, N)
+            run_split(_rows_job, &job, nt)
+        rc = job.rc
     if rc:
         raise MemoryError("out of memory for the GEMM's packing buffers")
     return 0

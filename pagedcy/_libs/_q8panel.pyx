@@ -18,7 +18,7 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 
 from pagedcy._libs._gemm cimport _nthreads, pg_q8a, pg_q8a_quantize_tls
 from pagedcy._libs._layers cimport _f32, _overlap
-from pagedcy._libs._team cimport team_run, team_threads
+from pagedcy._libs._team cimport pagedcy_atomic_or, run_split
 from pagedcy._libs._gemm import BLOCK_FORMATS, Q8A_FORMATS
 from pagedcy._libs._threads import resolve_num_threads
 
@@ -157,14 +157,14 @@ ctypedef struct _PartsJob:
     const int *N
     const int *col
     float *op
-    int rc[64]        # per thread (a team has at most 64 here: see _linear_parts_tuned)
+    int rc            # the threads' error codes or-ed
 
 
 cdef void _parts_job(void *arg, int t, int nt) noexcept nogil:
-    """Thread t of nt's static share of the panel pairs (a step team's job)."""
+    """Share t of nt of the panel pairs (static split: ``run_split``'s job)."""
     cdef _PartsJob *j = <_PartsJob *>arg
-    j.rc[t] = _run_parts(j.simd, j.M, j.total * t // nt, j.total * (t + 1) // nt, j.act, j.nparts,
-                         j.F, j.pairs0, j.P, j.N, j.col, j.op, j.ldc)
+    pagedcy_atomic_or(&j.rc, _run_parts(j.simd, j.M, j.total * t // nt, j.total * (t + 1) // nt, j.act, j.nparts,
+                         j.F, j.pairs0, j.P, j.N, j.col, j.op, j.ldc))
 
 #: Most parts ``linear_parts`` takes in one call.
 MAX_LINEAR_PARTS = MAX_PARTS
@@ -222,20 +222,11 @@ def _linear_parts_tuned(x, parts, out, num_threads=None, max_simd=2):
     # one parallel region for a fused q|k|v whose parts differ in format
     cdef int nt = min(_nthreads(ntot, K, M, resolve_num_threads(num_threads)), total)
     cdef _PartsJob job
-    if nt <= 1:
-        with nogil:
-            rc = _run_parts(simd, M, 0, total, &act, nparts, F, q, P, N, c, op, ldc)
-    elif team_threads() == nt and nt <= 64:      # inside a step's team: no region of our own
-        job.simd, job.M, job.total, job.nparts, job.ldc = simd, M, total, nparts, ldc
-        job.act, job.F, job.pairs0, job.P, job.N, job.col, job.op = &act, F, q, P, N, c, op
-        with nogil:
-            team_run(_parts_job, &job)
-        for t in range(nt):
-            rc |= job.rc[t]
-    else:
-        for t in prange(nt, nogil=True, num_threads=nt, schedule="static"):
-            rc |= _run_parts(simd, M, total * t // nt, total * (t + 1) // nt, &act, nparts, F, q, P, N,
-                             c, op, ldc)
+    job.simd, job.M, job.total, job.nparts, job.ldc, job.rc = simd, M, total, nparts, ldc, 0
+    job.act, job.F, job.pairs0, job.P, job.N, job.col, job.op = &act, F, q, P, N, c, op
+    with nogil:
+        run_split(_parts_job, &job, nt)
+    rc = job.rc
     if rc:
         raise MemoryError("out of memory for the GEMM's packing buffers")
     return out

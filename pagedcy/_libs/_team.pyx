@@ -6,7 +6,7 @@
 thread, or outside ``run_in_team``, open their own regions as before. Same bits either way:
 a kernel posts the static split its own region would use.
 """
-from cython.parallel cimport parallel
+from cython.parallel cimport parallel, prange
 
 from pagedcy._libs._openmp cimport omp_get_num_threads, omp_get_thread_num, PAGEDCY_OPENMP
 from pagedcy._libs._threads import resolve_num_threads
@@ -45,6 +45,20 @@ cdef int team_run(pagedcy_team_fn fn, void *arg) noexcept nogil:
     pagedcy_team_count()
     pagedcy_team_run(pagedcy_team_cur, fn, arg)
     return 0
+
+
+cdef void run_split(pagedcy_team_fn fn, void *arg, int nt) noexcept nogil:
+    """``fn(arg, t, nt)`` for t in [0, nt): on the calling thread's team when it has nt
+    threads, else in an OpenMP region of its own (or inline for nt <= 1). Every kernel's
+    parallel split goes through here, so both ways run the same job code."""
+    cdef int t
+    if nt <= 1:
+        fn(arg, 0, 1)
+    elif team_threads() == nt:
+        team_run(fn, arg)
+    else:
+        for t in prange(nt, num_threads=nt, schedule="static"):
+            fn(arg, t, nt)
 
 
 def jobs_posted():

@@ -44,6 +44,10 @@ typedef struct {
  * the GIL in Python for long (a slow callback) then costs little. ~0.5-2 ms of pause. */
 #define PAGEDCY_TEAM_SPINS (1 << 14)
 
+/* What a job's threads share: the next unclaimed index of a dynamic loop, error codes. */
+static inline long long pagedcy_claim(long long *next) { return __atomic_fetch_add(next, 1, __ATOMIC_RELAXED); }
+static inline void pagedcy_atomic_or(int *p, int v) { __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
+
 static inline void pagedcy_team_init(pagedcy_team *tm, int nt) {
     atomic_init(&tm->gen, 0u);
     atomic_init(&tm->done, 0);
