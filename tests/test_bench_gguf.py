@@ -50,7 +50,14 @@ def test_bf16_vs_f32_quick_run(tmp_path):
     (t,) = tables(_run("--bf16-vs-f32", anchors=tmp_path))
     assert t[0][1:3] == ["dtype=auto (bf16)", "dtype=float32"]
     rows = {r[0]: r for r in t[1]}
-    assert float(rows["decode tg8 tok/s"][1]) > 0 and float(rows["decode tg8 tok/s"][2]) > 0
+    for how in ("alternating", "own process"):
+        tg = rows[f"decode tg8 tok/s, {how}"]
+        assert float(tg[1]) > 0 and float(tg[2]) > 0
+        assert tg[3].startswith(f"{float(tg[1]) / float(tg[2]):.2f}x")
+    # the target rides on the alternating runs: their run-by-run ratios, one per round (3)
+    alt = rows["decode tg8 tok/s, alternating"][3]
+    assert "(target >= 1.7x; run by run " in alt and alt.count(", ") == 2
+    assert "target" not in rows["decode tg8 tok/s, own process"][3]
     # bf16 matrices held as stored: half the bytes, but for the float32 norms
     assert 0.5 <= float(rows["weights as held"][3]) < 0.53
 
