@@ -100,6 +100,24 @@ PA_AVX512_INLINE __m512 pa_hsum16x16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
 }
 
+/* pa_hsum16x16 on int32 accumulators: the same shuffles, integer adds (exact),
+ * so the caller converts one vector instead of sixteen. */
+PA_AVX512_INLINE __m512i pa_hsum16x16_epi32(const __m512i *v) {
+    __m512i u[8], x[4], y[2];
+    for (int i = 0; i < 8; i++)
+        u[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(v[2 * i], v[2 * i + 1], 0x44),
+                                _mm512_shuffle_i32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        x[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2 * i], u[2 * i + 1], 0x88),
+                                _mm512_shuffle_i32x4(u[2 * i], u[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        y[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(x[2 * i], x[2 * i + 1]),
+                                _mm512_unpackhi_epi64(x[2 * i], x[2 * i + 1]));
+    const __m512 y0 = _mm512_castsi512_ps(y[0]), y1 = _mm512_castsi512_ps(y[1]);
+    return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(y0, y1, 0x88)),
+                            _mm512_castps_si512(_mm512_shuffle_ps(y0, y1, 0xDD)));
+}
+
 PA_AVX512_INLINE __m256 pa_fold16(__m512 x) {
     return _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
 }
@@ -415,9 +433,11 @@ static void pa_qk4_i8_vnni_avx512(const int8_t *q8, const float *qs, const int32
     const int nb = (v1 - v0) / 4;
     int per[PA_SUPER_PAGES];
     for (int i = 0; pf && i < npg; i++) per[i] = nb ? (pa_pf_lines_left(pf + i) + nb - 1) / nb : 0;
-    float cs[16], ss[16];         /* element p of a 4x4 block is row (p & 7) >> 1 */
-    for (int p = 0; p < 16; p++) { cs[p] = 128.0f * qsum[(p & 7) >> 1]; ss[p] = qs[(p & 7) >> 1]; }
-    const __m512 corr = _mm512_loadu_ps(cs), sc = _mm512_loadu_ps(ss);
+    int32_t cs[16];               /* element p of a 4x4 block is row (p & 7) >> 1 */
+    float ss[16];
+    for (int p = 0; p < 16; p++) { cs[p] = 128 * qsum[(p & 7) >> 1]; ss[p] = qs[(p & 7) >> 1]; }
+    const __m512i corr = _mm512_loadu_si512(cs);
+    const __m512 sc = _mm512_loadu_ps(ss);
     const __m512i x80 = _mm512_set1_epi8((char)0x80);
     int j;
     int64_t row;
@@ -440,15 +460,17 @@ static void pa_qk4_i8_vnni_avx512(const int8_t *q8, const float *qs, const int32
                 for (int t = 0; t < 4; t++) a[r * 4 + t] = _mm512_dpbusd_epi32(a[r * 4 + t], u[t], y);
             }
         }
-        __m512 w[16];             /* pa_qk4x4r_z's order; sums below 2^24 for D <= 512 */
+        __m512i w[16];            /* pa_qk4x4r_z's order */
         for (int p = 0; p < 16; p++) {
             const int t = 2 * (p >> 3) + (p & 1), r = (p & 7) >> 1;
-            w[4 * (p & 3) + (p >> 2)] = _mm512_cvtepi32_ps(a[r * 4 + t]);
+            w[4 * (p & 3) + (p >> 2)] = a[r * 4 + t];
         }
         float kss[16];            /* the K rows' scales, in the same element order */
         for (int p = 0; p < 16; p++) memcpy(kss + p, kr[2 * (p >> 3) + (p & 1)] + D, sizeof(float));
-        _mm512_storeu_ps(S + (v >> 1) * 8, _mm512_mul_ps(_mm512_sub_ps(pa_hsum16x16(w), corr),
-                                                          _mm512_mul_ps(sc, _mm512_loadu_ps(kss))));
+        /* reduced and corrected on integers (exact), one conversion: the sums stay
+         * below 2^24 for D <= 512, so the value is the float sums' bit for bit */
+        const __m512 h = _mm512_cvtepi32_ps(_mm512_sub_epi32(pa_hsum16x16_epi32(w), corr));
+        _mm512_storeu_ps(S + (v >> 1) * 8, _mm512_mul_ps(h, _mm512_mul_ps(sc, _mm512_loadu_ps(kss))));
     }
     if (v < v1) pa_qk4_i8_avx2(q8, qs, qsum, D, K, npg, rs, tpp, v, v1, S, pf, flags);
     else for (int i = 0; pf && i < npg; i++) pa_pf_step(pf + i, pa_pf_lines_left(pf + i), flags);
