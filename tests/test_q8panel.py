@@ -237,3 +237,41 @@ def test_only_a_file_mapping_gives_its_pages_back(tmp_path):
     np.testing.assert_array_equal(pw.rows(np.arange(256)), keep)
     del view, pw
     mm.close()
+
+
+_PREFETCH_CHILD = r"""
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_q8a import LEVELS, _bits, _weights
+from test_q8panel import _reference
+from pagedcy._libs import _q8panel
+rng = np.random.default_rng(11)
+for fmt in ("q4_k", "q5_k", "q6_k"):
+    raw, _ = _weights(rng, fmt, 100, 2048)            # 2048-byte prefetches run past a row's end
+    panel = _q8panel.repack(raw, fmt)
+    x = rng.standard_normal((5, 2048), dtype=np.float32)
+    ref = _bits(_reference(x, raw, fmt))
+    for level in LEVELS:
+        for m in (1, 4, 5):
+            for threads in (1, 2):
+                out = np.empty((m, 100), np.float32)
+                _q8panel._linear_tuned(x[:m], panel, fmt, 100, out, threads, level)
+                assert np.array_equal(_bits(out), ref[:m]), (fmt, level, m, threads)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("prefetch", ["0", "1"])
+def test_k_quant_prefetch_on_and_off_give_the_same_bits(prefetch):
+    """PAGEDCY_Q8P_PREFETCH forces the K-quant panels' software prefetch off or on (by
+    default it follows the CPU): both give the reference's bits, on every level here."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PAGEDCY_Q8P_PREFETCH=prefetch)
+    out = subprocess.run([sys.executable, "-c", _PREFETCH_CHILD, here], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "ok"

@@ -33,6 +33,10 @@
  * so a row comes back exactly (pg_q8p_row).
  */
 /* Included by pagedcy_gemm_q8a.h (and, through this, it includes that first) */
+#include <stdlib.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include "pagedcy_gemm_q8a.h"
 #ifndef PAGEDCY_GEMM_Q8P_H
 #define PAGEDCY_GEMM_Q8P_H
@@ -345,14 +349,45 @@ PG_AVX2_INLINE __m256i pg_q8p_bcast_avx2(const int8_t *p) {
  * threads: Q4_K 2048 x 8192 31.1 vs 32.3, Q6_K 27.7 vs 27.6 (4096 ahead: 26.9 and 24.3,
  * slower). The 32-element formats go without: on Zen 5 Q8_0 4096 x 2048 and Q5_0 4096 x 896
  * are the same either way (48.5 vs 47.7, 47.5 vs 50.0), on Zen 4 Q5_0 4096 x 896 was slower
- * with it (27.9 vs 24.0 at 1024 ahead). */
+ * with it (27.9 vs 24.0 at 1024 ahead).
+ *
+ * Which CPUs: AMD EPYC Zen 4 (family 25 model 17, another host, 2026-12-03) lost by it,
+ * llama-3.2-1b's matrices from memory, two alternating rounds, GB/s none vs 2048 ahead: 2
+ * threads Q4_K 16384 x 2048 30.6 / 25.3 vs 32.5 / 18.8, Q6_K 2048 x 8192 30.0 / 32.5 vs
+ * 27.7 / 23.5, q|k|v 31.7 / 40.9 vs 19.3 / 16.6; 1 thread 25.9 / 17.9 vs 13.0 / 17.8,
+ * 20.6 / 18.2 vs 14.2 / 12.7 (4096 and 8192 ahead lower still). So it is on where it was
+ * measured to win, AMD family 26 (Zen 5) and later, and off elsewhere
+ * (pg_q8p_prefetch_enabled); PAGEDCY_Q8P_PREFETCH=0 / 1 overrides, for A/B runs. */
 #ifndef PG_Q8P_PFD
 #define PG_Q8P_PFD 2048
 #endif
-/* The lines PG_Q8P_PFD bytes past a group's n bytes at p (a group's start, per format F). */
+static inline int pg_q8p_prefetch_enabled(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        int on = 0;
+        const char *e = getenv("PAGEDCY_Q8P_PREFETCH");
+        if (e && (e[0] == '0' || e[0] == '1') && e[1] == 0) {
+            on = e[0] == '1';
+        } else {
+#if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+            unsigned a, b, c, d;
+            /* vendor "AuthenticAMD" (ebx of leaf 0 is "Auth"), family from leaf 1 */
+            if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && __get_cpuid(1, &a, &b, &c, &d)) {
+                unsigned fam = (a >> 8) & 0xFu;
+                if (fam == 0xFu) fam += (a >> 20) & 0xFFu;
+                on = fam >= 0x1Au;
+            }
+#endif
+        }
+        cached = on;
+    }
+    return cached;
+}
+/* The lines PG_Q8P_PFD bytes past a group's n bytes at p (a group's start, per format F),
+ * when pf_on_ (the kernel's pg_q8p_prefetch_enabled()). */
 #define PG_Q8P_PF(F, p, n)                                                                    \
     do {                                                                                      \
-        if (PG_Q8P_PFD && (PG_Q8P_KQ(F) || (F) == PQ_Q6_K))                                   \
+        if (PG_Q8P_PFD && pf_on_ && (PG_Q8P_KQ(F) || (F) == PQ_Q6_K))                         \
             for (int l_ = 0; l_ < (n); l_ += 64)                                              \
                 __builtin_prefetch((const char *)(p) + l_ + PG_Q8P_PFD, 0, 2);                \
     } while (0)
@@ -363,6 +398,7 @@ PG_AVX2_INLINE __m256i pg_q8p_bcast_avx2(const int8_t *p) {
     PG_AVX2 static void NAME(const uint8_t *pan, int NB, const pg_q8a *a, int m0, float *C, int64_t ldc,  \
                              int nv) {                                                                    \
         const int K = a->K, BB = 16 * pg_q8a_format(F)->block_bytes, G = pg_q8p_groups(F);                 \
+        const int pf_on_ = pg_q8p_prefetch_enabled();                                                     \
         PG_Q8A_ROWS(MR_)                                                                                  \
         __m256 acc[2][MR_];                                                                               \
         PG_UNROLL for (int i = 0; i < MR_; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps();              \
@@ -462,6 +498,7 @@ PG_AVX512_INLINE void pg_q8p_pair_avx512(const int F, const uint8_t *gq, int j, 
     PG_VNNI static void NAME(const uint8_t *pan, int NB, const pg_q8a *a, int m0, float *C, int64_t ldc,  \
                              int nv) {                                                                    \
         const int K = a->K, BB = 16 * pg_q8a_format(F)->block_bytes, G = pg_q8p_groups(F);                 \
+        const int pf_on_ = pg_q8p_prefetch_enabled();                                                     \
         PG_Q8A_ROWS(MR_)                                                                                  \
         __m512 acc[MR_];                                                                                  \
         PG_UNROLL for (int i = 0; i < MR_; i++) acc[i] = _mm512_setzero_ps();                             \
