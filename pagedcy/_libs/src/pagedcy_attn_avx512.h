@@ -80,43 +80,32 @@ PA_AVX512_INLINE __m512 pa_ld16z(const void *base, int64_t idx, int dtype) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* Sixteen 16-float accumulators -> one vector whose element 4k+j is the sum
+/* Sixteen 16-lane accumulators -> one vector whose element 4k+j is the sum
  * of v[4j+k]: four halving steps (256-bit, 128-bit, 64-bit, 32-bit) that
  * each add two shuffles of a pair of vectors, 45 instructions for 16 sums
- * instead of 16 separate horizontal reductions. */
-PA_AVX512_INLINE __m512 pa_hsum16x16(const __m512 *v) {
-    __m512 u[8], x[4], y[2];
-    for (int i = 0; i < 8; i++)
-        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
-    for (int i = 0; i < 4; i++)
-        x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
-    for (int i = 0; i < 2; i++)
-        y[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x[2 * i]),
-                                                                 _mm512_castps_pd(x[2 * i + 1]))),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x[2 * i]),
-                                                                 _mm512_castps_pd(x[2 * i + 1]))));
-    return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
-}
-
-/* pa_hsum16x16 on int32 accumulators: the same shuffles, integer adds (exact),
- * so the caller converts one vector instead of sixteen. */
-PA_AVX512_INLINE __m512i pa_hsum16x16_epi32(const __m512i *v) {
-    __m512i u[8], x[4], y[2];
-    for (int i = 0; i < 8; i++)
-        u[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(v[2 * i], v[2 * i + 1], 0x44),
-                                _mm512_shuffle_i32x4(v[2 * i], v[2 * i + 1], 0xEE));
-    for (int i = 0; i < 4; i++)
-        x[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2 * i], u[2 * i + 1], 0x88),
-                                _mm512_shuffle_i32x4(u[2 * i], u[2 * i + 1], 0xDD));
-    for (int i = 0; i < 2; i++)
-        y[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(x[2 * i], x[2 * i + 1]),
-                                _mm512_unpackhi_epi64(x[2 * i], x[2 * i + 1]));
-    const __m512 y0 = _mm512_castsi512_ps(y[0]), y1 = _mm512_castsi512_ps(y[1]);
-    return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(y0, y1, 0x88)),
-                            _mm512_castps_si512(_mm512_shuffle_ps(y0, y1, 0xDD)));
-}
+ * instead of 16 separate horizontal reductions. One body for float lanes
+ * (pa_hsum16x16) and int32 lanes (pa_hsum16x16_epi32: exact sums, so the
+ * caller converts one vector instead of sixteen): the shuffles only move
+ * bits (done on the float view, PS / BACK the casts), ADD is the lanes' add. */
+PA_AVX512_INLINE __m512 pa_ps_same(__m512 x) { return x; }
+#define PA_HSUM16X16_DEF(NAME, T, ADD, PS, BACK)                                                      \
+    PA_AVX512_INLINE T NAME(const T *v) {                                                             \
+        __m512 u[8], x[4], y[2];                                                                      \
+        for (int i = 0; i < 8; i++)                                                                   \
+            u[i] = PS(ADD(BACK(_mm512_shuffle_f32x4(PS(v[2 * i]), PS(v[2 * i + 1]), 0x44)),           \
+                          BACK(_mm512_shuffle_f32x4(PS(v[2 * i]), PS(v[2 * i + 1]), 0xEE))));         \
+        for (int i = 0; i < 4; i++)                                                                   \
+            x[i] = PS(ADD(BACK(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88)),                   \
+                          BACK(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD))));                 \
+        for (int i = 0; i < 2; i++)                                                                   \
+            y[i] = PS(ADD(BACK(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x[2 * i]),        \
+                                                                   _mm512_castps_pd(x[2 * i + 1])))), \
+                          BACK(_mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x[2 * i]),        \
+                                                                   _mm512_castps_pd(x[2 * i + 1])))))); \
+        return ADD(BACK(_mm512_shuffle_ps(y[0], y[1], 0x88)), BACK(_mm512_shuffle_ps(y[0], y[1], 0xDD))); \
+    }
+PA_HSUM16X16_DEF(pa_hsum16x16, __m512, _mm512_add_ps, pa_ps_same, pa_ps_same)
+PA_HSUM16X16_DEF(pa_hsum16x16_epi32, __m512i, _mm512_add_epi32, _mm512_castsi512_ps, _mm512_castps_si512)
 
 PA_AVX512_INLINE __m256 pa_fold16(__m512 x) {
     return _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
