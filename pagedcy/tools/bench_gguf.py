@@ -302,25 +302,23 @@ def format_bf16(path, auto, f32, quick, pair=None):
         if "error" in r:
             return "\n".join(lines + [f"dtype={name} failed: {r['error']}"])
     lines.append(auto["config"])
+
+    def rates(how, a, b, note):
+        """The pp and tg rows of loads ``a`` (bf16) and ``b`` (float32); ``note`` after tg's ratio."""
+        return [(f"prefill pp{npp} tok/s, {how}", f"{a['pp']:.1f}", f"{b['pp']:.1f}", _ratio(a["pp"], b["pp"])),
+                (f"decode tg{ntg} tok/s, {how}", f"{a['tg']:.2f}", f"{b['tg']:.2f}", _ratio(a["tg"], b["tg"]) + note)]
     rows = []
     if pair:
-        a, b = pair["auto"], pair["float32"]
-        paired = sorted(x / y for x, y in zip(a["tg_runs"], b["tg_runs"]))
-        rows += [(f"prefill pp{npp} tok/s, alternating", f"{a['pp']:.1f}", f"{b['pp']:.1f}",
-                  _ratio(a["pp"], b["pp"])),
-                 (f"decode tg{ntg} tok/s, alternating", f"{a['tg']:.2f}", f"{b['tg']:.2f}",
-                  _ratio(a["tg"], b["tg"]) + f" (target >= 1.7x; run by run "
-                  f"{', '.join(f'{r:.2f}' for r in paired)})")]
-    rows += [(f"prefill pp{npp} tok/s, own process", f"{auto['pp']:.1f}", f"{f32['pp']:.1f}",
-              _ratio(auto["pp"], f32["pp"])),
-             (f"decode tg{ntg} tok/s, own process", f"{auto['tg']:.2f}", f"{f32['tg']:.2f}",
-              _ratio(auto["tg"], f32["tg"]) + ("" if pair else " (target >= 1.7x)")),
-            ("weights as held", _mib(auto["weight_bytes"]), _mib(f32["weight_bytes"]),
-             f"{auto['weight_bytes'] / f32['weight_bytes']:.2f}"),
-            ("RSS after load", _mib(auto["rss_after_load"]), _mib(f32["rss_after_load"]),
-             f"{auto['rss_after_load'] / f32['rss_after_load']:.2f} (target about 0.5)"),
-            ("RSS after the runs", _mib(auto["rss_after_runs"]), _mib(f32["rss_after_runs"]),
-             f"{auto['rss_after_runs'] / f32['rss_after_runs']:.2f}")]
+        paired = sorted(x / y for x, y in zip(pair["auto"]["tg_runs"], pair["float32"]["tg_runs"]))
+        rows += rates("alternating", pair["auto"], pair["float32"],
+                      f" (target >= 1.7x; run by run {', '.join(f'{r:.2f}' for r in paired)})")
+    rows += rates("own process", auto, f32, "" if pair else " (target >= 1.7x)")
+    rows += [("weights as held", _mib(auto["weight_bytes"]), _mib(f32["weight_bytes"]),
+              f"{auto['weight_bytes'] / f32['weight_bytes']:.2f}"),
+             ("RSS after load", _mib(auto["rss_after_load"]), _mib(f32["rss_after_load"]),
+              f"{auto['rss_after_load'] / f32['rss_after_load']:.2f} (target about 0.5)"),
+             ("RSS after the runs", _mib(auto["rss_after_runs"]), _mib(f32["rss_after_runs"]),
+              f"{auto['rss_after_runs'] / f32['rss_after_runs']:.2f}")]
     lines.append(be._md(["row", "dtype=auto (bf16)", "dtype=float32", "auto / float32"], rows))
     lines.append("alternating: both loads in one process, a pp run of each in turn, then tg with "
                  "their decode steps in lockstep, each load's steps timed; best of the rounds (the "

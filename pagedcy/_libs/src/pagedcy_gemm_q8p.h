@@ -34,8 +34,8 @@
  */
 /* Included by pagedcy_gemm_q8a.h (and, through this, it includes that first) */
 #include <stdlib.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>     /* pg_q8p_prefetch_enabled: GCC / clang only, as its use */
 #endif
 #include "pagedcy_gemm_q8a.h"
 #ifndef PAGEDCY_GEMM_Q8P_H
