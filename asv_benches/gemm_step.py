@@ -13,10 +13,9 @@ down 512x1408, then the 32000x512 LM head once), timed as ``linear_kernel`` and 
 ``np.matmul(x, w.T)`` (BLAS), best step of each. The two alternate in stretches of half a
 second with a pause between, for ``--seconds`` and at least ``--min-rounds`` times: OpenBLAS's
 threads spin for a while after its last call and would take the cores from pagedcy's OpenMP
-threads (that is one reason the models use only
-pagedcy's kernel). Weights are distinct arrays (155 MB in all, more than L3), so
-each GEMM reads its weight from memory as in a real step (the LM head only at decode row
-counts). Prints GFLOP/s, the ratio, and the weight-read rate against ``read_bandwidth``.
+threads (that is one reason the models use only pagedcy's kernel). Weights are distinct
+arrays (155 MB in all, more than L3), so each GEMM reads its weight from memory as in a real
+step (the LM head only at decode row counts). Prints GFLOP/s, the ratio, and the weight-read rate against ``read_bandwidth``.
 """
 import argparse
 import time
