@@ -174,11 +174,20 @@ def test_concatenated_panel_weights_are_the_concatenated_rows(sizes):
 @given(fmts=st.lists(st.sampled_from(sorted(QTYPES)), min_size=1, max_size=4),
        sizes=st.lists(st.integers(1, 70), min_size=4, max_size=4),
        m=st.sampled_from([1, 2, 3, 5, 17, 130]), level=st.sampled_from(LEVELS),
-       threads=st.integers(1, 2), seed=st.integers(0, 2**16))
-def test_stacked_parts_in_one_call_are_each_part_alone(fmts, sizes, m, level, threads, seed):
+       threads=st.integers(1, 2), chunks=st.sampled_from([None, 1, 2, 3, 7]), seed=st.integers(0, 2**16))
+def test_stacked_parts_in_one_call_are_each_part_alone(fmts, sizes, m, level, threads, chunks, seed):
     """linear_parts over parts of mixed formats and row counts (partial panels, panel
-    pairs split between threads across part boundaries): each part's columns hold the bits
-    of the part alone, at decode sizes and at the tile's (130 rows)."""
+    pairs split between threads across part boundaries, in fixed shares or in chunks claimed
+    in turn): each part's columns hold the bits of the part alone, at decode sizes and at the
+    tile's (130 rows)."""
+    prev = _q8panel._set_dynamic(2**62 if chunks is None else 0, chunks or 1)
+    try:
+        _check_stacked_parts(fmts, sizes, m, level, threads, seed)
+    finally:
+        _q8panel._set_dynamic(*prev)
+
+
+def _check_stacked_parts(fmts, sizes, m, level, threads, seed):
     rng = np.random.default_rng(seed)
     k = 512 if any(f.endswith("_k") for f in fmts) else 256 + 32 * int(rng.integers(0, 8))
     raws = [_weights(rng, f, n, k)[0] for f, n in zip(fmts, sizes)]
@@ -188,6 +197,15 @@ def test_stacked_parts_in_one_call_are_each_part_alone(fmts, sizes, m, level, th
     assert _q8panel._linear_parts_tuned(x, parts, out, threads, level) is out
     ref = np.concatenate([_reference(x, r, f) for r, f in zip(raws, fmts)], axis=1)
     np.testing.assert_array_equal(_bits(out), _bits(ref))
+
+
+def test_dynamic_split_settings_are_checked():
+    with pytest.raises(ValueError):
+        _q8panel._set_dynamic(-1, 4)
+    with pytest.raises(ValueError):
+        _q8panel._set_dynamic(0, 0)
+    prev = _q8panel._set_dynamic(123, 5)
+    assert _q8panel._set_dynamic(*prev) == (123, 5)
 
 
 def test_stacked_panel_weights_run_as_one_and_refuse_bad_parts():
