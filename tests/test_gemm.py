@@ -1,10 +1,12 @@
 """pagedcy._libs._gemm (the projection kernel) against a float64 NumPy reference."""
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedcy._libs import _gemm
+from pagedcy._libs import _gemm, _team
 from pagedcy._libs._attention import simd_level
 from pagedcy._libs._gemm import _linear_kernel_tuned, linear, linear_kernel
 
@@ -288,3 +290,41 @@ def test_linear_rows_bad_input():
         _gemm.linear_rows(x, h.astype(">f2"), "f16", out)
     _gemm.linear_rows(x, h, "f16", out)                      # still works afterwards
     _check(out, x, h.astype(np.float32))
+
+
+@contextlib.contextmanager
+def split_threads(chunks):
+    """Every call with threads > 1 splits (PARALLEL_WEIGHT_BYTES off) in fixed shares
+    (chunks None) or, where a kernel takes them (the panel GEMVs at decode sizes), in
+    ``chunks`` chunks a thread claimed in turn."""
+    prev, size = _team._set_dynamic(2**62 if chunks is None else 0, chunks or 1), _gemm.PARALLEL_WEIGHT_BYTES
+    _gemm.PARALLEL_WEIGHT_BYTES = 0
+    try:
+        yield
+    finally:
+        _gemm.PARALLEL_WEIGHT_BYTES = size
+        _team._set_dynamic(*prev)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 60), k=st.integers(1, 300), n=st.integers(1, 1100), threads=st.integers(2, 3),
+       level=st.sampled_from(LEVELS), fmt=st.sampled_from(FMTS), seed=st.integers(0, 2**16))
+def test_w_split_between_threads_gives_the_one_thread_bits(m, k, n, threads, level, fmt, seed):
+    """W's row blocks shared out between threads even below PARALLEL_WEIGHT_BYTES: the
+    one-thread result, bit for bit (the dense GEMV keeps fixed shares: see _team.pyx)."""
+    x, w, out = _case(np.random.default_rng(seed), m, k, n)
+    raw, _ = _stored(w, fmt)
+    one = np.empty_like(out)
+    _gemm._linear_rows_tuned(x, raw, fmt, one, 1, level)
+    with split_threads(None):
+        _gemm._linear_rows_tuned(x, raw, fmt, out, threads, level)
+    assert np.array_equal(out, one)
+
+
+def test_dynamic_split_settings_are_checked():
+    with pytest.raises(ValueError):
+        _team._set_dynamic(-1, 4)
+    with pytest.raises(ValueError):
+        _team._set_dynamic(0, 0)
+    prev = _team._set_dynamic(123, 5)
+    assert _team._set_dynamic(*prev) == (123, 5)

@@ -17,6 +17,7 @@ gguf = pytest.importorskip("gguf")
 from pagedcy._libs import _gemm, _q8panel  # noqa: E402
 from pagedcy.models.linear import BlockWeight, PanelWeight, concat_weights  # noqa: E402
 
+from test_gemm import split_threads  # noqa: E402
 from test_q8a import LEVELS, QTYPES, _bits, _weights  # noqa: E402
 from test_quant import EXTREME_SCALES  # noqa: E402
 
@@ -180,11 +181,8 @@ def test_stacked_parts_in_one_call_are_each_part_alone(fmts, sizes, m, level, th
     pairs split between threads across part boundaries, in fixed shares or in chunks claimed
     in turn): each part's columns hold the bits of the part alone, at decode sizes and at the
     tile's (130 rows)."""
-    prev = _q8panel._set_dynamic(2**62 if chunks is None else 0, chunks or 1)
-    try:
+    with split_threads(chunks):
         _check_stacked_parts(fmts, sizes, m, level, threads, seed)
-    finally:
-        _q8panel._set_dynamic(*prev)
 
 
 def _check_stacked_parts(fmts, sizes, m, level, threads, seed):
@@ -197,15 +195,6 @@ def _check_stacked_parts(fmts, sizes, m, level, threads, seed):
     assert _q8panel._linear_parts_tuned(x, parts, out, threads, level) is out
     ref = np.concatenate([_reference(x, r, f) for r, f in zip(raws, fmts)], axis=1)
     np.testing.assert_array_equal(_bits(out), _bits(ref))
-
-
-def test_dynamic_split_settings_are_checked():
-    with pytest.raises(ValueError):
-        _q8panel._set_dynamic(-1, 4)
-    with pytest.raises(ValueError):
-        _q8panel._set_dynamic(0, 0)
-    prev = _q8panel._set_dynamic(123, 5)
-    assert _q8panel._set_dynamic(*prev) == (123, 5)
 
 
 def test_stacked_panel_weights_run_as_one_and_refuse_bad_parts():

@@ -18,7 +18,7 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 
 from pagedcy._libs._gemm cimport _nthreads, pg_q8a, pg_q8a_quantize_tls
 from pagedcy._libs._layers cimport _f32, _overlap
-from pagedcy._libs._team cimport pagedcy_atomic_or, pagedcy_claim, run_split
+from pagedcy._libs._team cimport pagedcy_atomic_or, pagedcy_split, pagedcy_split_next, run_split, split_of
 from pagedcy._libs._gemm import BLOCK_FORMATS, Q8A_FORMATS
 from pagedcy._libs._threads import resolve_num_threads
 
@@ -157,56 +157,19 @@ ctypedef struct _PartsJob:
     const int *N
     const int *col
     float *op
-    int chunk         # pairs a claim takes (dynamic split), or 0: share t of nt
-    long long next    # the next unclaimed chunk
+    pagedcy_split split   # of the panel pairs
     int rc            # the threads' error codes or-ed
 
 
 cdef void _parts_job(void *arg, int t, int nt) noexcept nogil:
-    """The panel pairs of thread t of nt (``run_split``'s job): share t of nt, or chunks
-    claimed in turn."""
+    """The panel pairs of thread t of nt (``run_split``'s job, split as ``split_of`` says)."""
     cdef _PartsJob *j = <_PartsJob *>arg
-    cdef long long c
-    cdef int a, rc = 0
-    if j.chunk <= 0:
-        rc = _run_parts(j.simd, j.M, j.total * t // nt, j.total * (t + 1) // nt, j.act, j.nparts,
-                        j.F, j.pairs0, j.P, j.N, j.col, j.op, j.ldc)
-    else:
-        c = pagedcy_claim(&j.next)
-        while c * j.chunk < j.total:
-            a = <int>(c * j.chunk)
-            rc |= _run_parts(j.simd, j.M, a, min(a + j.chunk, j.total), j.act, j.nparts,
-                             j.F, j.pairs0, j.P, j.N, j.col, j.op, j.ldc)
-            c = pagedcy_claim(&j.next)
+    cdef int a, b, state = 0, rc = 0
+    while pagedcy_split_next(&j.split, t, nt, &state, &a, &b):
+        rc |= _run_parts(j.simd, j.M, a, b, j.act, j.nparts, j.F, j.pairs0, j.P, j.N, j.col, j.op, j.ldc)
     pagedcy_atomic_or(&j.rc, rc)
 
 
-# Weights from _dyn_min_bytes up are split dynamically: _dyn_chunks chunks of panel pairs per
-# thread, claimed in turn (pagedcy_claim), instead of one contiguous share each. Why: on a
-# shared VM one vCPU often runs slower for a while (steal time, a neighbour's memory traffic),
-# and with fixed shares the other then waits at the join; claimed chunks also keep the
-# threads' two streams next to each other in memory, as llama.cpp's chunked mat-mul does.
-# Same bits either way (a panel's columns do not depend on the thread). Decode tok/s, one
-# process alternating the splits every round, median of the per-round ratios to fixed shares,
-# 2 threads, AMD EPYC Zen 4 (family 25 model 17), 2026-12-03 (asv_benches/q8panel_split.py):
-# 8 chunks from 1 MiB: llama-3.2-1b Q4_K_M 1.14, 1.08, 1.10; gemma3-270m Q4_K_M 1.05, 0.99;
-# qwen2.5-0.5b Q4_K_M 1.06; gemma3-270m Q8_0 1.03. 4 chunks from 4 MiB: llama 1.13, 0.98,
-# 1.05, 1.03, 1.04; gemma Q4_K_M 1.09, 1.00, 0.98. Chunks at every size (4 a thread): llama
-# 1.09, 1.05; gemma 1.07, 1.02. One chunk a thread is the fixed shares again (0.999).
-cdef long long _dyn_min_bytes = 1 << 20
-cdef int _dyn_chunks = 8
-
-
-def _set_dynamic(min_bytes, chunks=8):
-    """Private (tests, A/B runs): split weights of at least ``min_bytes`` bytes into ``chunks``
-    claimed chunks per thread (a huge ``min_bytes``: fixed shares always). Returns the previous
-    ``(min_bytes, chunks)``."""
-    global _dyn_min_bytes, _dyn_chunks
-    if int(chunks) < 1 or int(min_bytes) < 0:
-        raise ValueError("min_bytes must be >= 0 and chunks >= 1")
-    prev = (_dyn_min_bytes, _dyn_chunks)
-    _dyn_min_bytes, _dyn_chunks = min(int(min_bytes), 1 << 62), min(int(chunks), 1 << 16)
-    return prev
 
 #: Most parts ``linear_parts`` takes in one call.
 MAX_LINEAR_PARTS = MAX_PARTS
@@ -266,10 +229,7 @@ def _linear_parts_tuned(x, parts, out, num_threads=None, max_simd=2):
     cdef _PartsJob job
     job.simd, job.M, job.total, job.nparts, job.ldc, job.rc = simd, M, total, nparts, ldc, 0
     job.act, job.F, job.pairs0, job.P, job.N, job.col, job.op = &act, F, q, P, N, c, op
-    job.chunk, job.next = 0, 0
-    wbytes = sum(pa.shape[0] for pa in held)
-    if nt > 1 and wbytes >= _dyn_min_bytes:
-        job.chunk = max(1, total // (_dyn_chunks * nt))
+    job.split = split_of(total, nt, sum(pa.shape[0] for pa in held), M < PG_Q8P_TILE_M)
     with nogil:
         run_split(_parts_job, &job, nt)
     rc = job.rc

@@ -48,6 +48,26 @@ typedef struct {
 static inline long long pagedcy_claim(long long *next) { return __atomic_fetch_add(next, 1, __ATOMIC_RELAXED); }
 static inline void pagedcy_atomic_or(int *p, int v) { __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
 
+/* How a job's threads share [0, total) units of work: chunk 0, thread t's fixed share
+ * [total t / nt, total (t + 1) / nt); else chunks of `chunk` units claimed in turn (next: the
+ * next unclaimed chunk, 0 at the start). _team.pyx's split_chunk says when. */
+typedef struct { int total, chunk; long long next; } pagedcy_split;
+
+/* Thread t's next range [*a, *b) of s (state: 0 before its first call); 0 when it has none. */
+static inline int pagedcy_split_next(pagedcy_split *s, int t, int nt, int *state, int *a, int *b) {
+    if (s->chunk <= 0) {
+        if ((*state)++) return 0;
+        *a = (int)((long long)s->total * t / nt);
+        *b = (int)((long long)s->total * (t + 1) / nt);
+        return *a < *b;
+    }
+    const long long c = pagedcy_claim(&s->next);
+    if (c >= (s->total + (long long)s->chunk - 1) / s->chunk) return 0;
+    *a = (int)(c * s->chunk);
+    *b = s->total - *a < s->chunk ? s->total : *a + s->chunk;
+    return 1;
+}
+
 static inline void pagedcy_team_init(pagedcy_team *tm, int nt) {
     atomic_init(&tm->gen, 0u);
     atomic_init(&tm->done, 0);

@@ -1,7 +1,7 @@
-"""Decode speed of a GGUF file with the panel GEMVs' threads in fixed shares against chunks
-claimed in turn (``pagedcy._libs._q8panel._set_dynamic``), in one process.
+"""Decode speed of a GGUF file with its panel GEMVs' threads in fixed shares against chunks
+claimed in turn (``pagedcy._libs._team._set_dynamic``), in one process.
 
-``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python asv_benches/q8panel_split.py FILE.gguf
+``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python asv_benches/decode_split.py FILE.gguf
 [--rounds 12] [--threads 2] [--tokens 64]``
 
 Each round runs single-sequence decode (a 64-token prompt, then ``--tokens`` tokens, greedy)
@@ -12,7 +12,7 @@ shared VM). The same bits come out either way.
 """
 import argparse
 
-from pagedcy._libs import _q8panel
+from pagedcy._libs import _team
 from pagedcy.engine import LLM
 from pagedcy.tools import bench_gguf
 from pagedcy.tools.info import cpu_description
@@ -30,8 +30,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args(argv)
-    default = _q8panel._set_dynamic(0, 1)       # read the default, then put it back
-    _q8panel._set_dynamic(*default)
+    default = _team._set_dynamic(0, 1)       # read the default, then put it back
+    _team._set_dynamic(*default)
     splits = {k: (v or default) for k, v in SPLITS.items()}
     eng = LLM(args.model, num_threads=args.threads).llm_engine
     vocab = eng.model.config.vocab_size
@@ -41,10 +41,10 @@ def main(argv=None):
     try:
         for r in range(args.rounds):
             for k in (names if r % 2 == 0 else names[::-1]):
-                _q8panel._set_dynamic(*splits[k])
+                _team._set_dynamic(*splits[k])
                 tg[k].append(bench_gguf._single(eng, 64, args.tokens, vocab, seed=10 + r)[1])
     finally:
-        _q8panel._set_dynamic(*default)
+        _team._set_dynamic(*default)
     print(f"# {args.model}: decode tok/s, {args.threads} threads, {args.rounds} rounds; CPU: "
           f"{cpu_description()}; default split: chunks for weights from {default[0]} B, "
           f"{default[1]} per thread")
