@@ -170,7 +170,6 @@ cdef void _parts_job(void *arg, int t, int nt) noexcept nogil:
     pagedcy_atomic_or(&j.rc, rc)
 
 
-
 #: Most parts ``linear_parts`` takes in one call.
 MAX_LINEAR_PARTS = MAX_PARTS
 

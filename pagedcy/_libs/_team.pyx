@@ -63,15 +63,14 @@ cdef void run_split(pagedcy_team_fn fn, void *arg, int nt) noexcept nogil:
 
 # A panel GEMV's weight (_q8panel, decode sizes) from _dyn_min_bytes up is split dynamically
 # (split_of): _dyn_chunks chunks of rows per thread, claimed in turn (pagedcy_split_next), not
-# one contiguous share
-# each. Why: on a shared VM one vCPU often runs slower for a while (steal time, a neighbour's
-# memory traffic), and with fixed shares the other then waits at the join; claimed chunks
-# also keep the threads' two streams next to each other in memory, as llama.cpp's chunked
-# mat-mul does. Same bits either way (an output column does not depend on the thread). Panel
-# weights (GGUF files), decode tok/s, one process alternating the splits every round, median
-# of the per-round ratios to fixed shares, 2 threads, AMD EPYC Zen 4 (family 25 model 17),
-# 2026-12-03 (asv_benches/decode_split.py):
-#   8 chunks from 1 MiB: llama-3.2-1b Q4_K_M 1.14, 1.08, 1.10; gemma3-270m Q4_K_M 1.05, 0.99;
+# one contiguous share each. Why: on a shared VM one vCPU often runs slower for a while (steal
+# time, a neighbour's memory traffic), and with fixed shares the other then waits at the join;
+# claimed chunks also keep the threads' two streams next to each other in memory, as
+# llama.cpp's chunked mat-mul does. Same bits either way (an output column does not depend on
+# the thread). Panel weights (GGUF files), decode tok/s, one process alternating the splits
+# every round, median of the per-round ratios to fixed shares, 2 threads, AMD EPYC Zen 4
+# (family 25 model 17), 2026-12-03 (asv_benches/decode_split.py):
+#   8 chunks from 1 MiB: llama-3.2-1b Q4_K_M 1.14, 1.08, 1.10, 1.08; gemma3-270m Q4_K_M 1.05, 0.99;
 #   qwen2.5-0.5b Q4_K_M 1.06; gemma3-270m Q8_0 1.03.
 #   4 chunks from 4 MiB: llama 1.13, 0.98, 1.05, 1.03, 1.04; gemma Q4_K_M 1.09, 1.00, 0.98.
 #   4 chunks at every size: llama 1.09, 1.05; gemma 1.07, 1.02.
@@ -98,8 +97,8 @@ def _set_dynamic(min_bytes, chunks=8):
 
 cdef pagedcy_split split_of(int total, int nt, double weight_bytes, bint decode) noexcept nogil:
     """How nt threads share ``total`` units of a GEMM over ``weight_bytes`` of weight: fixed
-    shares (chunk 0), or for a decode-sized call (``decode``: the streaming kernels) from
-    ``_dyn_min_bytes`` up ``_dyn_chunks`` chunks a thread."""
+    shares (chunk 0), or for a decode-sized call (``decode``: the panels' decode kernels, not
+    the packed tile) from ``_dyn_min_bytes`` up ``_dyn_chunks`` chunks a thread."""
     cdef pagedcy_split s
     s.total, s.chunk, s.next = total, 0, 0
     if decode and nt > 1 and weight_bytes >= _dyn_min_bytes:

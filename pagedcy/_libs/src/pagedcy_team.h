@@ -50,7 +50,7 @@ static inline void pagedcy_atomic_or(int *p, int v) { __atomic_fetch_or(p, v, __
 
 /* How a job's threads share [0, total) units of work: chunk 0, thread t's fixed share
  * [total t / nt, total (t + 1) / nt); else chunks of `chunk` units claimed in turn (next: the
- * next unclaimed chunk, 0 at the start). _team.pyx's split_chunk says when. */
+ * next unclaimed chunk, 0 at the start). _team.pyx's split_of says when. */
 typedef struct { int total, chunk; long long next; } pagedcy_split;
 
 /* Thread t's next range [*a, *b) of s (state: 0 before its first call); 0 when it has none. */
