@@ -188,6 +188,7 @@ def _linear_parts_tuned(x, parts, out, num_threads=None, max_simd=2):
     cdef int c[MAX_PARTS + 1]
     cdef const uint8_t *P[MAX_PARTS]
     cdef cnp.ndarray pa
+    cdef double wbytes = 0      # the parts' panel bytes (split_of)
     held = []
     q[0] = c[0] = 0
     for part in parts:
@@ -201,6 +202,7 @@ def _linear_parts_tuned(x, parts, out, num_threads=None, max_simd=2):
             raise ValueError(f"n must be a non-negative int below 2**31, got {n!r}")
         pa = _panels(panel, fmt, n, k)
         held.append(pa)
+        wbytes += pa.shape[0]
         F[i], N[i], P[i] = BLOCK_FORMATS[fmt], n, <const uint8_t *>cnp.PyArray_DATA(pa)
         if c[i] + <Py_ssize_t>n > _INT_MAX:
             raise ValueError("matrix dimensions must be below 2**31")
@@ -228,7 +230,7 @@ def _linear_parts_tuned(x, parts, out, num_threads=None, max_simd=2):
     cdef _PartsJob job
     job.simd, job.M, job.total, job.nparts, job.ldc, job.rc = simd, M, total, nparts, ldc, 0
     job.act, job.F, job.pairs0, job.P, job.N, job.col, job.op = &act, F, q, P, N, c, op
-    job.split = split_of(total, nt, sum(pa.shape[0] for pa in held), M < PG_Q8P_TILE_M)
+    job.split = split_of(total, nt, wbytes, M < PG_Q8P_TILE_M)
     with nogil:
         run_split(_parts_job, &job, nt)
     rc = job.rc
