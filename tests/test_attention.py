@@ -140,6 +140,26 @@ def test_prefill_long(H, Hkv):
     run_case(rng, q_lens=[100], kv_lens=[333], H=H, Hkv=Hkv, D=64, T=16, causal=False)
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**16), T=st.sampled_from([3, 8, 16, 24]),
+       pack=st.sampled_from([0, ["pack1"], ["pack2"]]), level=st.sampled_from([0, 1, 2]),
+       dtype=st.sampled_from(["float32", "float16", "bfloat16", "int8"]),
+       q_len=st.integers(8, 150), extra=st.integers(0, 90), window=st.sampled_from([-1, 5, 37]),
+       chunk=st.sampled_from([0, -1, 48]), mod=st.sampled_from(["none", "alibi", "cap"]),
+       causal=st.booleans())
+def test_packed_steps_of_several_pages(seed, T, pack, level, dtype, q_len, extra, window, chunk, mod,
+                                       causal):
+    """Prefill items pack up to PA_PACK_PAGES pages per step (pack1 / pack2: at most one /
+    two; page sizes that are not a multiple of 8 always one): steps that end in a partial
+    page, start inside the sequence (KV splits), are cut by the causal diagonal or a window,
+    at every instruction set, against the float64 reference."""
+    level = min(level, simd_level())
+    rng = np.random.default_rng(seed)
+    run_case(rng, q_lens=[q_len, 1, 9], kv_lens=[q_len + extra, 30, 9 + extra], H=8, Hkv=2, D=32,
+             T=T, dtype=dtype, causal=causal, window_left=window, flags=pack, kv_chunk=chunk,
+             alibi=mod == "alibi", soft_cap=5.0 if mod == "cap" else 0.0, max_simd=level)
+
+
 # --- score modifiers --------------------------------------------------------
 
 @pytest.mark.parametrize("window_left", [0, 1, 5, 16, 40, 1000])

@@ -50,6 +50,8 @@ cdef extern from "pagedcy_attention.h":
         PA_TUNE_SUPER_F32
         PA_TUNE_SUPER_PAGE_ORDER
         PA_TUNE_NO_VNNI
+        PA_TUNE_PACK1
+        PA_TUNE_PACK2
     int pagedcy_use_simd() noexcept nogil
     int pagedcy_simd_level() noexcept nogil
     pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_params *P, int nthreads,
@@ -74,7 +76,7 @@ _TUNE_FLAGS = {
     "no_qk3": PA_TUNE_NO_QK3, "pf_partial": PA_TUNE_PF_PARTIAL,
     "prefill_m512": PA_TUNE_PREFILL_M512, "super1": PA_TUNE_SUPER1, "super2": PA_TUNE_SUPER2,
     "super_f32": PA_TUNE_SUPER_F32, "super_page_order": PA_TUNE_SUPER_PAGE_ORDER,
-    "no_vnni": PA_TUNE_NO_VNNI,
+    "no_vnni": PA_TUNE_NO_VNNI, "pack1": PA_TUNE_PACK1, "pack2": PA_TUNE_PACK2,
 }
 
 

@@ -991,12 +991,13 @@ PA_AVX2 static void pa_pack_row_avx2(float *dst, const void *src, int D, int dty
  * chains reach only ~90% of the FMA ports' throughput (measured), 12 reach
  * it; K is packed transposed so the score kernel needs no horizontal sums. */
 
-/* Kt[d][t] = K[t][d] for t < nt, 0 for nt <= t < ldk (ldk % 8 == 0): a
- * float32 (int8: dequantized) copy of one page slice (token stride ks elements), transposed in
- * 8x8 tiles. */
-PA_AVX2_INLINE void pa_pack_kt_t(float *Kt, int ldk, const void *K, int64_t ks, int nt, int D, int dtype) {
+/* Kt[d][t] = K[t][d] for t < nt, 0 for nt <= t < ncol (ncol % 8 == 0; rows
+ * ldk floats apart): a float32 (int8: dequantized) copy of one page slice
+ * (token stride ks elements), transposed in 8x8 tiles. */
+PA_AVX2_INLINE void pa_pack_kt_t(float *Kt, int ldk, int ncol, const void *K, int64_t ks, int nt, int D,
+                                 int dtype) {
     const int64_t es = pa_dtype_bytes(dtype);
-    for (int t0 = 0; t0 < ldk; t0 += 8) {
+    for (int t0 = 0; t0 < ncol; t0 += 8) {
         for (int d0 = 0; d0 < D; d0 += 8) {
             __m256 r[8];
             for (int i = 0; i < 8; i++) {
@@ -1027,8 +1028,9 @@ PA_AVX2_INLINE void pa_pack_kt_t(float *Kt, int ldk, const void *K, int64_t ks, 
     }
 }
 
-PA_AVX2 static void pa_pack_kt_avx2(float *Kt, int ldk, const void *K, int64_t ks, int nt, int D, int dtype) {
-    PA_DISPATCH_DTYPE(dtype, DT, pa_pack_kt_t(Kt, ldk, K, ks, nt, D, DT));
+PA_AVX2 static void pa_pack_kt_avx2(float *Kt, int ldk, int ncol, const void *K, int64_t ks, int nt, int D,
+                                    int dtype) {
+    PA_DISPATCH_DTYPE(dtype, DT, pa_pack_kt_t(Kt, ldk, ncol, K, ks, nt, D, DT));
 }
 
 /* Four row vectors of 8 consecutive tokens (t0 even) -> the 4 pair vectors

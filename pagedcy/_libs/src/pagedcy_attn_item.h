@@ -157,12 +157,16 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
     const int64_t p_first = lo_it / T, p_last = lo_it <= hi_it ? hi_it / T : p_first - 1;
     const int32_t *bt = P->block_tables + (int64_t)it->b * P->bt_stride;
     int whole_nt = -1;          /* vlo/vhi/blo/bhi hold a whole page of nt tokens */
+    const int pack_pages = packed ? pa_pack_pages(T, flags) : 1;
     for (int64_t p = p_first; p <= p_last; p++) {
         const int64_t tok0 = p * T;
-        const int nt = (int)(kv_len - tok0 < T ? kv_len - tok0 : T);
+        /* a packed item's step spans npk pages (tokens [tok0, tok0 + nt)), every
+         * other step one page */
+        const int npk = (int)(p_last - p + 1 < pack_pages ? p_last - p + 1 : pack_pages);
+        const int nt = (int)(kv_len - tok0 < (int64_t)npk * T ? kv_len - tok0 : (int64_t)npk * T);
         const char *page = P->kv + (int64_t)bt[p] * P->page_stride + P->layer_offset;
-        const char *next_page = p < p_last
-            ? P->kv + (int64_t)bt[p + 1] * P->page_stride + P->layer_offset : NULL;
+        const char *next_page = p + npk <= p_last
+            ? P->kv + (int64_t)bt[p + npk] * P->page_stride + P->layer_offset : NULL;
 
         /* page-local visible [vlo, vhi] per row and the union per 4-block.
          * Rows' ranges grow with the row, so the page is whole for every row
@@ -172,7 +176,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
          * pages; the general loop cost ~10% of a causal prefill). */
         const int whole = W.rlo[it->nr - 1] <= tok0 && W.rhi[0] >= tok0 + nt - 1;
         if (!whole || whole_nt != nt) {
-            for (int b4 = 0; b4 < nblk; b4++) { W.blo[b4] = T; W.bhi[b4] = 0; }
+            for (int b4 = 0; b4 < nblk; b4++) { W.blo[b4] = nt; W.bhi[b4] = 0; }
             for (int v = 0; v < Mp; v++) {
                 int vlo = 1, vhi = 0;
                 if (v < M) {
@@ -291,47 +295,62 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 /* Many 4-row blocks reuse this slice: copy it once to a
                  * contiguous float32 buffer. Token rows in the pool sit kv_dim
                  * apart (often 4 KiB), so the raw slice maps onto a few L1
-                 * sets and would be refetched from L2 by every block. */
-                PA_SFX(pa_pack_kt)(W.kbuf, Sld, Kg, ks, nt, D, P->dtype);
-                for (int t = 0; t < nt; t++)
-                    PA_SFX(pa_pack_row)(W.vbuf + (int64_t)t * D, Vg + (int64_t)t * row_stride, D, P->dtype);
-                /* this head's slice of the next page (or the next head's),
-                 * a whole page of work ahead of its use */
+                 * sets and would be refetched from L2 by every block. The
+                 * step's npk pages go side by side (K^T columns j*T.., V rows
+                 * j*T..), so the blocks below see one span of nt tokens. */
+                const int ldk = (nt + 7) & ~7;
+                for (int j = 0; j < npk; j++) {
+                    const char *Kp = j ? P->kv + (int64_t)bt[p + j] * P->page_stride + P->layer_offset + hoff : Kg;
+                    const int ntj = nt - j * T < T ? nt - j * T : T;
+                    PA_SFX(pa_pack_kt)(W.kbuf + j * T, ldk, (ntj + 7) & ~7, Kp, ks, ntj, D, P->dtype);
+                    for (int t = 0; t < ntj; t++)
+                        PA_SFX(pa_pack_row)(W.vbuf + ((int64_t)j * T + t) * D, Kp + P->v_offset + (int64_t)t * row_stride,
+                                            D, P->dtype);
+                }
+                /* this head's slices of the next step's pages (or the next
+                 * head's of this step's), a whole step of work ahead of use */
                 if (!(flags & PA_TUNE_NO_PF)) {
-                    const char *pfK = NULL, *pfV = NULL;
-                    if (!(flags & PA_TUNE_PF_NEXT_HEAD)) {
-                        if (next_page) { pfK = next_page + hoff; pfV = pfK + P->v_offset; }
-                    } else if (gi + 1 < ng) {
-                        pfK = Kg + hs; pfV = Vg + hs;
-                    } else if (next_page) {
-                        pfK = next_page + (int64_t)it->g0 * hs;
-                        pfV = pfK + P->v_offset;
+                    for (int j = 0; j < npk; j++) {
+                        const char *pfK = NULL;
+                        int64_t ptok = tok0 + (int64_t)j * T;
+                        if (!(flags & PA_TUNE_PF_NEXT_HEAD)) {
+                            ptok += (int64_t)npk * T;
+                            if (p + npk + j <= p_last)
+                                pfK = P->kv + (int64_t)bt[p + npk + j] * P->page_stride + P->layer_offset + hoff;
+                        } else if (gi + 1 < ng) {
+                            pfK = P->kv + (int64_t)bt[p + j] * P->page_stride + P->layer_offset + hoff + hs;
+                        } else if (j == 0 && next_page) {
+                            pfK = next_page + (int64_t)it->g0 * hs;
+                            ptok += (int64_t)npk * T;
+                        }
+                        const int pnt = (int)(kv_len - ptok < T ? kv_len - ptok : T);
+                        if (pfK && pnt > 0)
+                            pa_prefetch_slices(pfK, pfK + P->v_offset, pnt, row_stride, row_bytes, flags);
                     }
-                    if (pfK) pa_prefetch_slices(pfK, pfV, nt, row_stride, row_bytes, flags);
                 }
                 /* three 4-row blocks at a time, over the union of their token
                  * ranges (rows mask what they do not see) */
                 for (int b0 = 0; b0 < nblk; b0 += 3) {
-                    int ulo = T, uhi = 0;
+                    int ulo = npk * T, uhi = 0;
                     for (int k = 0; k < 3; k++) {
                         if (W.blo[b0 + k] >= W.bhi[b0 + k]) continue;
                         if (W.blo[b0 + k] < ulo) ulo = W.blo[b0 + k];
                         if (W.bhi[b0 + k] > uhi) uhi = W.bhi[b0 + k];
                     }
                     if (ulo >= uhi) continue;
-                    float *S0 = W.S + (int64_t)b0 * 4 * Sld;
-                    PA_SFX(pa_qk12)(qg + (int64_t)b0 * 4 * D, D, W.kbuf, Sld, ulo, uhi,
-                                    S0, S0 + 4 * Sld, S0 + 8 * Sld);
+                    float *S0 = W.S + (int64_t)b0 * 4 * SldS;
+                    PA_SFX(pa_qk12)(qg + (int64_t)b0 * 4 * D, D, W.kbuf, ldk, ulo, uhi,
+                                    S0, S0 + 4 * SldS, S0 + 8 * SldS);
                     for (int k = 0; k < 3; k++) {
                         const int b4 = b0 + k;
                         float slope4[4], pos4[4];
                         pa_block_bias(P, it, &W, gi, b4, M, tok0, delta, slope4, pos4);
-                        PA_SFX(pa_softmax4)(W.S + (int64_t)b4 * 4 * Sld, ulo >> 1, (uhi + 1) >> 1,
+                        PA_SFX(pa_softmax4)(W.S + (int64_t)b4 * 4 * SldS, ulo >> 1, (uhi + 1) >> 1,
                                             W.vlo + b4 * 4, W.vhi + b4 * 4, P->soft_cap, slope4, pos4,
                                             mg + b4 * 4, lg + b4 * 4, W.alpha + b4 * 4);
                     }
-                    PA_SFX(pa_pv12)(Og + (int64_t)b0 * 4 * D, D, W.alpha + b0 * 4, S0, S0 + 4 * Sld,
-                                    S0 + 8 * Sld, W.vbuf, ulo & ~1, uhi);
+                    PA_SFX(pa_pv12)(Og + (int64_t)b0 * 4 * D, D, W.alpha + b0 * 4, S0, S0 + 4 * SldS,
+                                    S0 + 8 * SldS, W.vbuf, ulo & ~1, uhi);
                 }
                 continue;
             }
@@ -426,6 +445,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                                Vg, ks, W.blo[b4] & ~1, W.bhi[b4], pv, flags, P->dtype, perm);
             }
         }
+        p += npk - 1;
     }
 
     /* Normalise and write either the final output or this split's partial. */

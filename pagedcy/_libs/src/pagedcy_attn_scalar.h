@@ -167,9 +167,10 @@ static void pa_softmax4_scalar(float *S, int jb, int je, const int32_t *vlo, con
 }
 
 /* Kt[d][t] = K[t][d] as float32 (int8 dequantized) for t < nt, 0 for
- * nt <= t < ldk. */
-static void pa_pack_kt_scalar(float *Kt, int ldk, const void *K, int64_t ks, int nt, int D, int dtype) {
-    for (int t = 0; t < ldk; t++) {
+ * nt <= t < ncol (rows ldk floats apart). */
+static void pa_pack_kt_scalar(float *Kt, int ldk, int ncol, const void *K, int64_t ks, int nt, int D,
+                              int dtype) {
+    for (int t = 0; t < ncol; t++) {
         const char *row = (const char *)K + (int64_t)t * ks * pa_dtype_bytes(dtype);
         const float s = t < nt && dtype == PAGEDCY_I8 ? pagedcy_i8_scale(row, (size_t)D) : 1.0f;
         for (int d = 0; d < D; d++)

@@ -32,7 +32,9 @@ enum pagedcy_attn_tune {
     PA_TUNE_SUPER2 = 16384,       /* ... at most two (default: PA_SUPER_PAGES) */
     PA_TUNE_SUPER_F32 = 32768,    /* ... float32 on the AVX2 and scalar paths too */
     PA_TUNE_SUPER_PAGE_ORDER = 65536, /* ... AVX-512 reads them page after page, not token-major */
-    PA_TUNE_NO_VNNI = 131072      /* int8 q.k: no VNNI even where the CPU has it */
+    PA_TUNE_NO_VNNI = 131072,     /* int8 q.k: no VNNI even where the CPU has it */
+    PA_TUNE_PACK1 = 262144,       /* packed (prefill) items: one page per pack / softmax / P.V step */
+    PA_TUNE_PACK2 = 524288        /* ... at most two (default: PA_PACK_PAGES) */
 };
 
 typedef struct {
@@ -247,14 +249,25 @@ static inline int pa_item_mp(int M, int flags) {
  * (pagedcy_attn_item.h). */
 #define PA_SUPER_PAGES 4
 
+/* Pages a packed (prefill) item packs per step: their K^T and V slices side
+ * by side in kbuf / vbuf, so the softmax, the rescale of the output rows and
+ * the per-block set-up run once per PA_PACK_PAGES * T tokens instead of once
+ * per page (pagedcy_attn_item.h). Needs T % 8 == 0 (each page's columns start
+ * on an 8-token group); other page sizes pack one page at a time. */
+#define PA_PACK_PAGES 4
+static inline int pa_pack_pages(int T, int flags) {
+    if (T % 8 || (flags & PA_TUNE_PACK1)) return 1;
+    return (flags & PA_TUNE_PACK2) ? 2 : PA_PACK_PAGES;
+}
+
 /* Floats per row of a 4-row block's scores: unpacked items (Mp < 32) hold
- * up to PA_SUPER_PAGES pages' worth, packed ones a page's. */
+ * up to PA_SUPER_PAGES pages' worth, packed ones PA_PACK_PAGES pages'. */
 static inline int64_t pa_score_ld(int Mp, int T) {
-    return ((int64_t)(Mp < 32 ? PA_SUPER_PAGES : 1) * T + 7) & ~7;
+    return ((int64_t)(Mp < 32 ? PA_SUPER_PAGES : PA_PACK_PAGES) * T + 7) & ~7;
 }
 
 static inline int64_t pagedcy_attn_ws_layout(pagedcy_attn_ws *W, float *base, int ng, int Mp, int D, int T) {
-    const int64_t Sld = (T + 7) & ~7, SldS = pa_score_ld(Mp, T);
+    const int64_t Sld = ((int64_t)PA_PACK_PAGES * T + 7) & ~7, SldS = pa_score_ld(Mp, T);
     int64_t off = 0;
 #define PA_TAKE(field, type, n) do { if (W) W->field = (type *)(base + off); off += pa_al16(n); } while (0)
     PA_TAKE(qp, float, (int64_t)ng * Mp * D);
@@ -263,8 +276,8 @@ static inline int64_t pagedcy_attn_ws_layout(pagedcy_attn_ws *W, float *base, in
     PA_TAKE(l, float, (int64_t)ng * Mp);
     PA_TAKE(S, float, (int64_t)Mp * SldS);
     PA_TAKE(alpha, float, Mp);
-    PA_TAKE(kbuf, float, (int64_t)Sld * D);     /* K^T as [D][Sld] */
-    PA_TAKE(vbuf, float, (int64_t)T * D);
+    PA_TAKE(kbuf, float, (int64_t)Sld * D);     /* K^T of up to PA_PACK_PAGES pages as [D][<= Sld] */
+    PA_TAKE(vbuf, float, (int64_t)Sld * D);     /* their V rows [t][D] */
     PA_TAKE(rlo, int64_t, 2 * (int64_t)Mp);
     PA_TAKE(rhi, int64_t, 2 * (int64_t)Mp);
     PA_TAKE(vlo, int32_t, Mp);
