@@ -262,26 +262,15 @@ class Prefill:
         return self.flops / _seconds(self.run, 3) / 1e9
     track_gflops.unit = "GFLOP/s"
 
-
-class PrefillPagesPerStep:
-    """Causal prefill, up to 4 pages per packed step (the default) over one page a step (the
-    private flag ``pack1``): time(one page) / time(default), alternating, best of each."""
-    params = ([256, 1024], [1, 2])
-    param_names = ["q_len", "threads"]
-    timeout = 300
-
-    def setup(self, q_len, threads):
-        self.args = _make(1, q_len, q_len, "float32", 16)
-        self.out = np.empty_like(self.args[0])
-        self.threads = threads
-
-    def _run(self, flags):
+    def _run_flags(self, flags):
         q, ind, pages, bt, lens = self.args
         _batch_paged_attention_tuned(q, ind, pages, 0, bt, lens, out=self.out,
                                      num_threads=self.threads, flags=flags)
 
     def track_speedup_over_one_page(self, *p):
-        return paired_ratio(lambda: self._run(["pack1"]), lambda: self._run(0), 7)
+        """Up to 4 pages per packed step (the default) over one page a step (the private
+        flag ``pack1``): time(one page) / time(default), alternating, best of each."""
+        return paired_ratio(lambda: self._run_flags(["pack1"]), lambda: self._run_flags(0), 7)
     track_speedup_over_one_page.unit = "x"
 
 

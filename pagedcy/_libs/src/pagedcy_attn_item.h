@@ -45,6 +45,11 @@ static inline void pa_block_bias(const pagedcy_attn_params *P, const pagedcy_att
     }
 }
 
+/* This layer's part of logical page i of a sequence (bt: its block-table row). */
+static inline const char *pa_page_at(const pagedcy_attn_params *P, const int32_t *bt, int64_t i) {
+    return P->kv + (int64_t)bt[i] * P->page_stride + P->layer_offset;
+}
+
 /* Prefetch nt token rows of a K and a V slice (row_bytes each, rows `stride`
  * bytes apart) of the next page: what a packed item reads next. */
 static inline void pa_prefetch_slices(const char *pfK, const char *pfV, int nt, int64_t stride,
@@ -164,9 +169,8 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
          * other step one page */
         const int npk = (int)(p_last - p + 1 < pack_pages ? p_last - p + 1 : pack_pages);
         const int nt = (int)(kv_len - tok0 < (int64_t)npk * T ? kv_len - tok0 : (int64_t)npk * T);
-        const char *page = P->kv + (int64_t)bt[p] * P->page_stride + P->layer_offset;
-        const char *next_page = p + npk <= p_last
-            ? P->kv + (int64_t)bt[p + npk] * P->page_stride + P->layer_offset : NULL;
+        const char *page = pa_page_at(P, bt, p);
+        const char *next_page = p + npk <= p_last ? pa_page_at(P, bt, p + npk) : NULL;
 
         /* page-local visible [vlo, vhi] per row and the union per 4-block.
          * Rows' ranges grow with the row, so the page is whole for every row
@@ -223,9 +227,8 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
             const char *pg[PA_SUPER_PAGES], *nx[PA_SUPER_PAGES];
             int32_t slo[32], shi[32];
             for (int j = 0; j < npg; j++) {
-                pg[j] = P->kv + (int64_t)bt[p + j] * P->page_stride + P->layer_offset;
-                nx[j] = p + npg + j <= p_last
-                    ? P->kv + (int64_t)bt[p + npg + j] * P->page_stride + P->layer_offset : NULL;
+                pg[j] = pa_page_at(P, bt, p + j);
+                nx[j] = p + npg + j <= p_last ? pa_page_at(P, bt, p + npg + j) : NULL;
             }
             for (int v = 0; v < Mp; v++) { slo[v] = v < M ? 0 : 1; shi[v] = v < M ? npg * T - 1 : 0; }
             for (int gi = 0; gi < ng; gi++) {
@@ -300,7 +303,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                  * j*T..), so the blocks below see one span of nt tokens. */
                 const int ldk = (nt + 7) & ~7;
                 for (int j = 0; j < npk; j++) {
-                    const char *Kp = j ? P->kv + (int64_t)bt[p + j] * P->page_stride + P->layer_offset + hoff : Kg;
+                    const char *Kp = j ? pa_page_at(P, bt, p + j) + hoff : Kg;
                     const int ntj = nt - j * T < T ? nt - j * T : T;
                     PA_SFX(pa_pack_kt)(W.kbuf + j * T, ldk, (ntj + 7) & ~7, Kp, ks, ntj, D, P->dtype);
                     for (int t = 0; t < ntj; t++)
@@ -316,9 +319,9 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                         if (!(flags & PA_TUNE_PF_NEXT_HEAD)) {
                             ptok += (int64_t)npk * T;
                             if (p + npk + j <= p_last)
-                                pfK = P->kv + (int64_t)bt[p + npk + j] * P->page_stride + P->layer_offset + hoff;
+                                pfK = pa_page_at(P, bt, p + npk + j) + hoff;
                         } else if (gi + 1 < ng) {
-                            pfK = P->kv + (int64_t)bt[p + j] * P->page_stride + P->layer_offset + hoff + hs;
+                            pfK = pa_page_at(P, bt, p + j) + hoff + hs;
                         } else if (j == 0 && next_page) {
                             pfK = next_page + (int64_t)it->g0 * hs;
                             ptok += (int64_t)npk * T;
