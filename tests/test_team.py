@@ -113,6 +113,39 @@ def test_attention_bits_on_a_team(dtype):
     np.testing.assert_array_equal(_bits(teamed), _bits(run()))
 
 
+@pytest.mark.parametrize("kv_len", [100, 300, 700])
+def test_small_attention_uses_the_spinning_team(kv_len):
+    """One sequence's decode attention is too little work to wake sleeping threads, but on
+    a team (whose threads spin) it splits from PAGEDCY_ATTN_TEAM_MIN_WORK: the team takes
+    the work, the result matches float64 (and the one-thread bits when the split is by
+    heads, not by KV range), and the threshold only moves the split."""
+    from pagedcy._libs import _attention
+    from attn_helpers import reference
+    rng = np.random.default_rng(kv_len)
+    q, indptr, pages, bt, lens, Ks, Vs = make_batch(
+        rng, q_lens=[1], kv_lens=[kv_len], num_heads=8, num_kv_heads=2, head_dim=64,
+        page_size=16, dtype="float32")
+
+    def run(nt):
+        return batch_paged_attention(q, indptr, pages, 1, bt, lens, causal=True, num_threads=nt)
+    one = run(1)
+    with posts():
+        teamed = run_in_team(lambda: run(2), 2)
+    np.testing.assert_allclose(teamed, reference(q, indptr, Ks, Vs)[0], rtol=1e-5, atol=1e-5)
+    if kv_len < 256:                                    # too short for a KV split
+        np.testing.assert_array_equal(_bits(teamed), _bits(one))
+    prev = _attention._set_min_parallel_work(2.0**62, 2.0**62)
+    try:
+        before = jobs_posted()
+        alone = run_in_team(lambda: run(2), 2)
+        assert jobs_posted() == before                  # below the threshold: not posted
+        np.testing.assert_array_equal(_bits(alone), _bits(one))
+    finally:
+        _attention._set_min_parallel_work(*prev)
+    with pytest.raises(ValueError):
+        _attention._set_min_parallel_work(-1, 0)
+
+
 def test_two_threads_each_with_a_team():
     rng = np.random.default_rng(3)
     x, panel, n = _panel_case(rng, "q4_k", 2)

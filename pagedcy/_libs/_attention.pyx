@@ -10,7 +10,7 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free
 
-from pagedcy._libs._team cimport pagedcy_atomic_or, pagedcy_claim, run_split
+from pagedcy._libs._team cimport pagedcy_atomic_or, pagedcy_claim, run_split, team_threads
 from pagedcy._libs._threads import resolve_num_threads
 from pagedcy._validate import (as_int, check_index, check_out, check_positive, finite_float,
                                float_array, int_array_nd)
@@ -55,7 +55,8 @@ cdef extern from "pagedcy_attention.h":
     int pagedcy_use_simd() noexcept nogil
     int pagedcy_simd_level() noexcept nogil
     pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_params *P, int nthreads,
-                                              int64_t kv_chunk) noexcept nogil
+                                              int64_t kv_chunk, double min_work) noexcept nogil
+    double PAGEDCY_ATTN_MIN_PARALLEL_WORK, PAGEDCY_ATTN_TEAM_MIN_WORK
     void pagedcy_attn_free_plan(pagedcy_attn_plan *pl) noexcept nogil
     void pagedcy_attn_run_item(const pagedcy_attn_params *P, const pagedcy_attn_item *it,
                                float *ws, float *part_o, float *part_lse) noexcept nogil
@@ -109,10 +110,29 @@ cdef void _attn_merge_job(void *arg, int t, int nt) noexcept nogil:
         i = pagedcy_claim(&j.next_group)
 
 
+# Least work (cost units x head_dim) for more than one thread, on a step's team (its threads
+# spin) and otherwise (they may sleep); _set_min_parallel_work changes them for A/B runs.
+cdef double _team_min_work = PAGEDCY_ATTN_TEAM_MIN_WORK
+cdef double _min_work = PAGEDCY_ATTN_MIN_PARALLEL_WORK
+
+
+def _set_min_parallel_work(team, other):
+    """Private: set the least work for several threads on a team and off one; returns the
+    previous pair."""
+    global _team_min_work, _min_work
+    prev = (_team_min_work, _min_work)
+    t, o = float(team), float(other)
+    if not (t >= 0 and o >= 0):
+        raise ValueError("the least parallel work must be >= 0")
+    _team_min_work, _min_work = t, o
+    return prev
+
+
 cdef int _run_kernel(const pagedcy_attn_params *P, int num_threads, int64_t kv_chunk) noexcept nogil:
     """Plan, run every item on an OpenMP team, merge the splits. Returns 0, or
     -1 when scratch memory could not be allocated."""
-    cdef pagedcy_attn_plan *pl = pagedcy_attn_make_plan(P, num_threads, kv_chunk)
+    cdef double min_work = _team_min_work if team_threads() == num_threads else _min_work
+    cdef pagedcy_attn_plan *pl = pagedcy_attn_make_plan(P, num_threads, kv_chunk, min_work)
     if pl == NULL:
         return -1
     cdef int nt = num_threads

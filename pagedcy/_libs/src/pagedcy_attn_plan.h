@@ -32,6 +32,11 @@
 #ifndef PAGEDCY_ATTN_MIN_PARALLEL_WORK
 #define PAGEDCY_ATTN_MIN_PARALLEL_WORK (1 << 21)
 #endif
+/* The same threshold for a call on a step's team (pagedcy_team.h), whose other threads
+ * are spinning, not asleep: handing them a share costs a microsecond or two. */
+#ifndef PAGEDCY_ATTN_TEAM_MIN_WORK
+#define PAGEDCY_ATTN_TEAM_MIN_WORK (1 << 15)
+#endif
 
 static int pa_item_cmp_group(const void *a, const void *b) {
     const pagedcy_attn_item *x = (const pagedcy_attn_item *)a, *y = (const pagedcy_attn_item *)b;
@@ -150,9 +155,10 @@ static void pa_plan_pass(const pagedcy_attn_params *P, int64_t kv_chunk,
 }
 
 /* Build the work list. kv_chunk > 0 forces splits of that many tokens,
- * < 0 forbids them, 0 lets the cost model decide. Returns NULL on OOM. */
+ * < 0 forbids them, 0 lets the cost model decide; below min_work (cost units
+ * times head_dim) the call runs on one thread. Returns NULL on OOM. */
 static inline pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_params *P, int nthreads,
-                                                        int64_t kv_chunk) {
+                                                        int64_t kv_chunk, double min_work) {
     pagedcy_attn_plan *pl = (pagedcy_attn_plan *)calloc(1, sizeof(pagedcy_attn_plan));
     if (!pl) return NULL;
     double max_cost = 0.0;
@@ -167,7 +173,7 @@ static inline pagedcy_attn_plan *pagedcy_attn_make_plan(const pagedcy_attn_param
         free(pl->items);
         pl->items = NULL;
         /* Too little work to pay for waking another thread: one thread, no splits. */
-        if (tot * P->D < PAGEDCY_ATTN_MIN_PARALLEL_WORK) nthreads = 1;
+        if (tot * P->D < min_work) nthreads = 1;
         else max_cost = tot / (8.0 * nthreads);
     }
     pl->nthreads = nthreads > 0 ? nthreads : 1;
