@@ -191,10 +191,9 @@ def test_a_row_does_not_depend_on_the_path(level, fmt):
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("fmt", ["f32", "bf16", "q8_0", "q4_k"])
 def test_rows_of_x_split_across_threads_give_the_same_bits(level, fmt):
-    """With more rows of x than of W the threads split W and share x's packed blocks (the
-    SIMD levels) or split x (scalar): every thread count gives the one-thread bits, on both
-    sides of the split's minimum and with ranges that end inside a micro-tile, and the
-    float64 result."""
+    """With more rows of x than of W the threads split x, not W (each packs only its rows):
+    every thread count gives the one-thread bits, on both sides of the split's minimum and
+    with ranges that end inside a micro-tile, and the float64 result."""
     from gguf import GGMLQuantizationType as QT
     from gguf.quants import dequantize, quantize
 
@@ -227,11 +226,10 @@ PACK_LEVELS = [lv for lv in LEVELS if lv > 0]
 @settings(max_examples=40, deadline=None)
 @given(m=st.integers(48, 400), k=st.integers(1, 1600), n=st.integers(1, 200), threads=st.integers(2, 3),
        level=st.sampled_from(PACK_LEVELS or [1]), fmt=st.sampled_from(FMTS), seed=st.integers(0, 2**16))
-def test_threads_sharing_the_packed_x_give_the_one_thread_bits(m, k, n, threads, level, fmt, seed):
-    """Packed sizes on several threads: each packs a slice of every block of x (K blocks of
-    512, ragged slices of 6- or 12-row micro-panels) and they meet before using it; shares
-    of W that are empty or end inside a tile. The one-thread bits, in a region of the
-    call's own and on a step's team."""
+def test_packed_sizes_on_threads_give_the_one_thread_bits(m, k, n, threads, level, fmt, seed):
+    """Packed sizes on several threads (x or W split between them, K over several blocks of
+    512, shares that end inside a tile): the one-thread bits, in a region of the call's own
+    and on a step's team."""
     x, w, out = _case(np.random.default_rng(seed), m, k, n)
     raw, wide = _stored(w, fmt)
     one = np.empty_like(out)
@@ -246,10 +244,10 @@ def test_threads_sharing_the_packed_x_give_the_one_thread_bits(m, k, n, threads,
 
 @pytest.mark.skipif(not PACK_LEVELS, reason="the packed path needs AVX2")
 @pytest.mark.parametrize("level", PACK_LEVELS)
-def test_shared_packing_over_several_blocks_of_x(level):
+def test_packed_path_over_several_blocks_of_x(level):
     """More rows than one packed block of x holds (4 MiB: 2048 rows at K 512), over three K
-    blocks, so the threads refill the shared buffer; and a call whose region cannot get its
-    threads (inside a team of fewer), where each thread packs alone: one-thread bits."""
+    blocks, on 2 threads; and a call nested in a team of fewer threads than it asks for:
+    the one-thread bits."""
     rng = np.random.default_rng(23)
     x, w, out = _case(rng, 2100, 1100, 90)
     one = np.empty_like(out)

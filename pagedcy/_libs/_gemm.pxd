@@ -5,7 +5,6 @@
 from libc.stdint cimport int8_t, int32_t, int64_t
 
 from pagedcy._libs._rowfmt cimport pagedcy_row_decode_fn, pagedcy_rowfmt
-from pagedcy._libs._team cimport pagedcy_barrier
 
 cdef extern from "pagedcy_gemm.h" nogil:
     int pagedcy_gemm_nt_rows(int simd, int M, int n0, int n1, int K, const float *A, int64_t lda,
@@ -14,13 +13,6 @@ cdef extern from "pagedcy_gemm.h" nogil:
                               const void *W, int64_t w_row_bytes, const pagedcy_rowfmt *fmt,
                               float *C, int64_t ldc)
     const pagedcy_rowfmt pagedcy_rowfmt_f32, pagedcy_rowfmt_f16, pagedcy_rowfmt_bf16
-    # The packed path split by W's rows with A's packed blocks shared (pagedcy_gemm_rows_shared):
-    # the level it runs at (0: the call streams), the calling thread's shared buffer, a share.
-    int pagedcy_gemm_packs(int simd, int M, int K, const pagedcy_rowfmt *fmt)
-    float *pagedcy_gemm_shared_a(int level, int M)
-    int pagedcy_gemm_rows_shared(int level, int M, int n0, int n1, int K, const float *A, int64_t lda,
-                                 const void *W, int64_t w_row_bytes, const pagedcy_rowfmt *fmt,
-                                 float *C, int64_t ldc, int t, int nt, float *ap, pagedcy_barrier *bar)
 
 # Threads for an [M, K] x [N, K]^T call (PARALLEL_WEIGHT_BYTES / PARALLEL_MACS), shared with
 # the panel GEMM (_q8panel).

@@ -8,11 +8,6 @@ cdef extern from "pagedcy_team.h" nogil:
         int total, chunk
         long long next
     int pagedcy_split_next(pagedcy_split *s, int t, int nt, int *state, int *a, int *b)
-    # a spin barrier for the nt threads of one job, all running at once
-    ctypedef struct pagedcy_barrier:
-        int n
-    void pagedcy_barrier_init(pagedcy_barrier *b, int n)
-    void pagedcy_barrier_wait(pagedcy_barrier *b)
 
 cdef int team_threads() noexcept nogil
 cdef int team_run(pagedcy_team_fn fn, void *arg) noexcept nogil

@@ -28,7 +28,6 @@
 #include <string.h>
 #include "pagedcy_convert.h"
 #include "pagedcy_gemm_fmt.h"
-#include "pagedcy_team.h"
 
 /* Software prefetch of W: blocks ahead and locality (2: prefetcht1, into L2).
  * 4-8 blocks ahead into L2 beat 1 block into L1 by ~1.3x on the decode step's
@@ -421,51 +420,6 @@ static int pagedcy_gemm_rows_fmt(int simd, int M, int n0, int n1, int K, const f
     free(scratch);
 #endif
     return 0;
-}
-
-/* The level (1 AVX2, 2 AVX-512) at which pagedcy_gemm_rows_fmt packs W for M rows of A and
- * K > 0 columns in format fmt; 0 when it would stream (or refuse the format). */
-static int pagedcy_gemm_packs(int simd, int M, int K, const pagedcy_rowfmt *fmt) {
-#if PG_HAVE_SIMD
-    if (fmt->block < 1 || PG_KC % fmt->block || M < PG_PACK_MIN_M || K <= 0) return 0;
-    if (simd >= PAGEDCY_SIMD_AVX512 && pagedcy_cpu_has_avx512()) return 2;
-    if (simd >= PAGEDCY_SIMD_AVX2 && pagedcy_cpu_has_avx2_fma()) return 1;
-#else
-    (void)simd; (void)M; (void)K; (void)fmt;
-#endif
-    return 0;
-}
-
-/* The calling thread's buffer for the packed blocks of A that the threads of a level
- * `level` GEMM of M rows share (pagedcy_gemm_rows_shared); kept, grown on demand. NULL
- * when out of memory. */
-static float *pagedcy_gemm_shared_a(int level, int M) {
-#if PG_HAVE_SIMD
-    static __thread float *buf = NULL;
-    static __thread size_t cap = 0;
-    const pg_blocking b = pg_blocking_for(level, PG_KC, M);
-    return pg_grow_buffer(&buf, &cap, (size_t)b.mc * (size_t)b.kp_max);
-#else
-    (void)level; (void)M;
-    return NULL;
-#endif
-}
-
-/* Thread t of nt's columns [n0, n1) of pagedcy_gemm_rows_fmt's packed path at `level`
- * (pagedcy_gemm_packs), with A's packed blocks shared through `ap`
- * (pagedcy_gemm_shared_a) and `bar` (initialised for nt): every thread of the job calls
- * it at once with the same M, K, A and level. Same bits as pagedcy_gemm_rows_fmt.
- * Returns 0, or -1 when out of memory. */
-static int pagedcy_gemm_rows_shared(int level, int M, int n0, int n1, int K, const float *A, int64_t lda,
-                                    const void *W, int64_t w_row_bytes, const pagedcy_rowfmt *fmt,
-                                    float *C, int64_t ldc, int t, int nt, float *ap, pagedcy_barrier *bar) {
-#if PG_HAVE_SIMD
-    return pg_gemm_packed_shared(level, PG_KC, M, n0, n1, K, A, lda, W, w_row_bytes, fmt, C, ldc, t, nt, ap, bar);
-#else
-    (void)level; (void)M; (void)n0; (void)n1; (void)K; (void)A; (void)lda; (void)W; (void)w_row_bytes;
-    (void)fmt; (void)C; (void)ldc; (void)t; (void)nt; (void)ap; (void)bar;
-    return -1;
-#endif
 }
 
 /* The float32 case: W[N, K] float32 rows ldw floats apart. */

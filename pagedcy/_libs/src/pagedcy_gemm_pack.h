@@ -24,7 +24,6 @@
 
 #include <stdlib.h>
 #include <unistd.h>
-#include "pagedcy_team.h"
 
 /* Rows of A (MR) and of W (NR) per micro-tile, and the lanes L, per level. */
 #define PG_Y_MR 6
@@ -217,140 +216,73 @@ static inline int64_t pg_l2_bytes(void) {
     return cached;
 }
 
-/* A buffer of at least `floats` floats in *buf (capacity *cap), grown on demand and kept:
- * a GEMM per layer would otherwise map and fault in a few MiB per call. NULL when out of
- * memory. */
-static float *pg_grow_buffer(float **buf, size_t *cap, size_t floats) {
-    if (floats > *cap) {
-        free(*buf);
-        *cap = 0;
-        *buf = (float *)aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64);
-        if (!*buf) return NULL;
-        *cap = floats;
-    }
-    return *buf;
-}
-
-/* The calling thread's packing buffer (its panels of W, and A's block when it packs alone). */
+/* Per-thread packing buffer, grown on demand and kept for the thread's life (a
+ * GEMM per layer would otherwise map and fault in a few MiB per call). */
 static float *pg_pack_buffer(size_t floats) {
     static __thread float *buf = NULL;
     static __thread size_t cap = 0;
-    return pg_grow_buffer(&buf, &cap, floats);
+    if (floats > cap) {
+        free(buf);
+        cap = 0;
+        buf = (float *)aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64);
+        if (!buf) return NULL;
+        cap = floats;
+    }
+    return buf;
 }
 
 /* A's block: at most this many bytes of packed rows per K block (in L3; a block of
  * 768 rows instead of 2048 repacked W 3 times and ran 2048-row GEMMs ~3% slower). */
 #define PG_A_PACK_BYTES (4096 * 1024)
 
-/* The packed path's blocking at level 1 (AVX2) or 2 (AVX-512) for M rows of A: lanes L,
- * tile MR x NR, padded K block kp_max and rows of A per packed block mc. */
-typedef struct { int L, MR, NR, mc; int64_t kp_max; } pg_blocking;
-
-static inline pg_blocking pg_blocking_for(int level, int kc_max, int M) {
-    pg_blocking b;
-    b.L = level == 2 ? 16 : 8;
-    b.MR = level == 2 ? PG_Z_MR : PG_Y_MR;
-    b.NR = level == 2 ? PG_Z_NR : PG_Y_NR;
-    b.kp_max = ((int64_t)kc_max + b.L - 1) / b.L * b.L;
-    b.mc = (int)(PG_A_PACK_BYTES / (b.kp_max * 4)) / b.MR * b.MR;
-    if (b.mc < b.MR) b.mc = b.MR;
-    b.mc = pg_min(b.mc, (M + b.MR - 1) / b.MR * b.MR);
-    return b;
-}
-
-/* Rows of W per packed panel for columns [n0, n1). A quarter of L2 for the panel: with
- * half, A's micro-panels and C streaming through L2 evicted it (K = 1408, 512 rows: 0.5x
- * OpenBLAS on AVX2, 1.0x with a quarter; the AVX-512 kernel gained ~5% too, 2 MiB L2). */
-static inline int pg_panel_rows(const pg_blocking *b, int n0, int n1) {
-    int nc = (int)(pg_l2_bytes() / 4 / (b->kp_max * 4)) / b->NR * b->NR;
-    if (nc < b->NR) nc = b->NR;
-    return pg_min(nc, (n1 - n0 + b->NR - 1) / b->NR * b->NR);
-}
-
-/* One packed block of A (ap: rows [m0, m0 + mb), K elements [k0, k0 + kc)) times W's rows
- * [n0, n1), a panel of nc rows at a time (packed into wp through scratch), into C. */
-static void pg_packed_block(int level, const pg_blocking *b, const float *ap, int m0, int mb, int k0,
-                            int kc, int n0, int n1, int nc, const void *W, int64_t wrb,
-                            const pagedcy_rowfmt *fmt, float *scratch, float *wp, float *C, int64_t ldc) {
-    const int L = b->L, MR = b->MR, NR = b->NR, T = (kc + L - 1) / L;
-    const int64_t kp = (int64_t)L * T;
-    for (int j0 = n0; j0 < n1; j0 += nc) {
-        const int nb = pg_min(nc, n1 - j0);
-        pg_pack_w_avx2(W, wrb, fmt, j0, nb, k0, kc, L, T, NR, scratch, wp);
-        for (int i = 0; i < mb; i += MR) {
-            const float *xa = ap + (int64_t)i * kp;
-            float *c = C + (int64_t)(m0 + i) * ldc + j0;
-            const int mr = pg_min(MR, mb - i);
-            for (int j = 0; j < nb; j += NR) {
-                const int pfn = j + NR >= nb && i + MR < mb;   /* the last tile of xa's row */
-                if (level == 2) pg_mk_avx512(T, xa, wp + (int64_t)j * kp, c + j, ldc, mr, pg_min(NR, nb - j), k0 == 0, pfn);
-                else pg_mk_avx2(T, xa, wp + (int64_t)j * kp, c + j, ldc, mr, pg_min(NR, nb - j), k0 == 0, pfn);
-            }
-        }
-    }
-}
-
 /* Packed path of pagedcy_gemm_rows_fmt, level 1 (AVX2) or 2 (AVX-512). Loops, outer
  * to inner: rows of A in blocks of mc (packed per K block), K blocks of kc_max,
- * panels of nc rows of W (packed, sized to a quarter of the L2), micro-panels of A (in
- * L1) over the panel's micro-panels (streamed from L2; BLIS keeps the broadcast operand
- * in L2 instead, but our K block of 512 makes a weight micro-panel 32-64 KiB, too big
- * for L1). Returns 0, or -1 when out of memory. */
+ * panels of nc rows of W (packed, sized to half the L2), micro-panels of A (in L1)
+ * over the panel's micro-panels (streamed from L2; BLIS keeps the broadcast operand
+ * in L2 instead, but our K block of 512 makes a weight micro-panel 32-64 KiB, too
+ * big for L1). Returns 0, or -1 when out of
+ * memory. */
 static int pg_gemm_packed(int level, int kc_max, int M, int n0, int n1, int K, const float *A,
                           int64_t lda, const void *W, int64_t wrb, const pagedcy_rowfmt *fmt, float *C,
                           int64_t ldc) {
-    const pg_blocking b = pg_blocking_for(level, kc_max, M);
-    const int nc = pg_panel_rows(&b, n0, n1);
-    const size_t a_n = (size_t)b.mc * b.kp_max, w_n = (size_t)nc * b.kp_max, s_n = (size_t)8 * kc_max;
+    const int L = level == 2 ? 16 : 8, MR = level == 2 ? PG_Z_MR : PG_Y_MR, NR = level == 2 ? PG_Z_NR : PG_Y_NR;
+    const int64_t kp_max = ((int64_t)kc_max + L - 1) / L * L;
+    int mc = (int)(PG_A_PACK_BYTES / (kp_max * 4)) / MR * MR;
+    if (mc < MR) mc = MR;
+    mc = pg_min(mc, (M + MR - 1) / MR * MR);
+    /* A quarter of L2 for the panel: with half, A's micro-panels and C streaming
+     * through L2 evicted it (K = 1408, 512 rows: 0.5x OpenBLAS on AVX2, 1.0x with a
+     * quarter; the AVX-512 kernel gained ~5% too, 2 MiB L2). */
+    int nc = (int)(pg_l2_bytes() / 4 / (kp_max * 4)) / NR * NR;
+    if (nc < NR) nc = NR;
+    nc = pg_min(nc, (n1 - n0 + NR - 1) / NR * NR);
+    const size_t a_n = (size_t)mc * kp_max, w_n = (size_t)nc * kp_max, s_n = (size_t)8 * kc_max;
     float *buf = pg_pack_buffer(a_n + w_n + s_n);
     if (!buf) return -1;
     float *ap = buf, *wp = buf + a_n, *scratch = buf + a_n + w_n;
-    for (int m0 = 0; m0 < M; m0 += b.mc) {
-        const int mb = pg_min(b.mc, M - m0);
+    for (int m0 = 0; m0 < M; m0 += mc) {
+        const int mb = pg_min(mc, M - m0);
         for (int k0 = 0; k0 < K; k0 += kc_max) {
-            const int kc = pg_min(kc_max, K - k0), T = (kc + b.L - 1) / b.L;
-            pg_pack_a_avx2(A + (int64_t)m0 * lda, lda, mb, k0, kc, b.L, T, b.MR, ap);
-            pg_packed_block(level, &b, ap, m0, mb, k0, kc, n0, n1, nc, W, wrb, fmt, scratch, wp, C, ldc);
+            const int kc = pg_min(kc_max, K - k0), T = (kc + L - 1) / L;
+            const int64_t kp = (int64_t)L * T;
+            pg_pack_a_avx2(A + (int64_t)m0 * lda, lda, mb, k0, kc, L, T, MR, ap);
+            for (int j0 = n0; j0 < n1; j0 += nc) {
+                const int nb = pg_min(nc, n1 - j0);
+                pg_pack_w_avx2(W, wrb, fmt, j0, nb, k0, kc, L, T, NR, scratch, wp);
+                for (int i = 0; i < mb; i += MR) {
+                    const float *xa = ap + (int64_t)i * kp;
+                    float *c = C + (int64_t)(m0 + i) * ldc + j0;
+                    const int mr = pg_min(MR, mb - i);
+                    for (int j = 0; j < nb; j += NR) {
+                        const int pfn = j + NR >= nb && i + MR < mb;   /* the last tile of xa's row */
+                        if (level == 2) pg_mk_avx512(T, xa, wp + (int64_t)j * kp, c + j, ldc, mr, pg_min(NR, nb - j), k0 == 0, pfn);
+                        else pg_mk_avx2(T, xa, wp + (int64_t)j * kp, c + j, ldc, mr, pg_min(NR, nb - j), k0 == 0, pfn);
+                    }
+                }
+            }
         }
     }
     return 0;
-}
-
-/* Thread t of nt's share of the packed path when the threads split W's rows (each has
- * [n0, n1)) and share A's packed blocks: `ap` (pg_blocking_for(level, kc_max, M).mc *
- * kp_max floats, one buffer for all) is filled a slice of micro-panels per thread, and
- * the threads meet at `bar` between filling a block and multiplying by it, and before
- * refilling it. Packed privately, each thread packed all of A (4 MiB at M = 2048, K =
- * 512) for its half of the columns. Every thread must call this with the same M, K and
- * level, all at once (pagedcy_barrier); an empty [n0, n1) still packs and meets. Same
- * bits as pg_gemm_packed. Returns 0, or -1 when this thread is out of memory (the
- * others still finish). */
-static int pg_gemm_packed_shared(int level, int kc_max, int M, int n0, int n1, int K, const float *A,
-                                 int64_t lda, const void *W, int64_t wrb, const pagedcy_rowfmt *fmt,
-                                 float *C, int64_t ldc, int t, int nt, float *ap, pagedcy_barrier *bar) {
-    const pg_blocking b = pg_blocking_for(level, kc_max, M);
-    const int nc = n1 > n0 ? pg_panel_rows(&b, n0, n1) : b.NR;
-    const size_t w_n = (size_t)nc * b.kp_max, s_n = (size_t)8 * kc_max;
-    float *buf = pg_pack_buffer(w_n + s_n);
-    float *wp = buf, *scratch = buf ? buf + w_n : NULL;
-    int first = 1;
-    for (int m0 = 0; m0 < M; m0 += b.mc) {
-        const int mb = pg_min(b.mc, M - m0), panels = (mb + b.MR - 1) / b.MR;
-        const int p0 = (int)((int64_t)panels * t / nt), p1 = (int)((int64_t)panels * (t + 1) / nt);
-        for (int k0 = 0; k0 < K; k0 += kc_max) {
-            const int kc = pg_min(kc_max, K - k0), T = (kc + b.L - 1) / b.L;
-            const int64_t kp = (int64_t)b.L * T;
-            if (!first) pagedcy_barrier_wait(bar);        /* everyone is done with the last block */
-            first = 0;
-            if (p1 > p0)
-                pg_pack_a_avx2(A + (int64_t)(m0 + p0 * b.MR) * lda, lda, pg_min(mb - p0 * b.MR, (p1 - p0) * b.MR),
-                               k0, kc, b.L, T, b.MR, ap + (int64_t)p0 * b.MR * kp);
-            pagedcy_barrier_wait(bar);                    /* the block is whole */
-            if (buf && n1 > n0)
-                pg_packed_block(level, &b, ap, m0, mb, k0, kc, n0, n1, nc, W, wrb, fmt, scratch, wp, C, ldc);
-        }
-    }
-    return buf ? 0 : -1;
 }
 
 #endif

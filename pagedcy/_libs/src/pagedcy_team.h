@@ -68,29 +68,6 @@ static inline int pagedcy_split_next(pagedcy_split *s, int t, int nt, int *state
     return 1;
 }
 
-/* A barrier for the nt threads of one job, all running at once (a team, or an OpenMP region
- * that got its nt threads: a thread running two shares would wait on itself). A job whose
- * threads share a buffer (the GEMM's packed block of A) meets here between filling it and
- * reading it. Spins, then yields, as the team's helpers do. */
-typedef struct { int n, count; unsigned gen; } pagedcy_barrier;
-
-static inline void pagedcy_barrier_init(pagedcy_barrier *b, int n) { b->n = n; b->count = 0; b->gen = 0; }
-
-static inline void pagedcy_barrier_wait(pagedcy_barrier *b) {
-    const unsigned g = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
-    if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == b->n) {
-        /* the others spin until gen moves, so count is reset before anyone comes back */
-        __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&b->gen, g + 1u, __ATOMIC_RELEASE);
-        return;
-    }
-    unsigned spins = 0;
-    while (__atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == g) {
-        if (++spins < PAGEDCY_TEAM_SPINS) PAGEDCY_TEAM_PAUSE();
-        else sched_yield();
-    }
-}
-
 static inline void pagedcy_team_init(pagedcy_team *tm, int nt) {
     atomic_init(&tm->gen, 0u);
     atomic_init(&tm->done, 0);
