@@ -221,7 +221,8 @@ def test_50_disconnects_spare_the_others(server, llm, model_dir):
         async def leaver(k):
             async def consume():
                 stream = await client.completions.create(
-                    model=model_dir, prompt=prompt_text(3000 + k), max_tokens=200, stream=True)
+                    model=model_dir, prompt=prompt_text(3000 + k), max_tokens=200, stream=True,
+                    extra_body={"ignore_eos": mid_stream})
                 got = 0
                 async for _ in stream:
                     got += 1
@@ -229,8 +230,15 @@ def test_50_disconnects_spare_the_others(server, llm, model_dir):
                         await stream.close()      # drop the connection mid-stream
                         return
             stop_after = rng.randint(1, 30)
+            wait = rng.uniform(0.0, 0.6)
+            # every fifth leaver always leaves mid-stream (no EOS, no timer), so some aborts
+            # happen however slowly a loaded machine accepts the 58 connections
+            mid_stream = k % 5 == 0
             task = asyncio.ensure_future(consume())
-            await asyncio.sleep(rng.uniform(0.0, 0.6))
+            if mid_stream:
+                await task
+                return
+            await asyncio.sleep(wait)
             task.cancel()                         # or leave before/while the first token comes
             try:
                 await task
@@ -271,7 +279,7 @@ def test_50_disconnects_spare_the_others(server, llm, model_dir):
     received = delta("pagedcy_requests_received_total")
     finished = delta("pagedcy_request_success_total[length]") \
         + delta("pagedcy_request_success_total[stop]")
-    assert 0 < aborted <= 50 and 8 <= finished and received == aborted + finished, \
+    assert 10 <= aborted <= 50 and 8 <= finished and received == aborted + finished, \
         dict(aborted=aborted, finished=finished, received=received)
 
 
