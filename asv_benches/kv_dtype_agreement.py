@@ -4,7 +4,8 @@
 ``--models`` random Llama checkpoints (``write_random_checkpoint``, seeds 0, 1, ...), 8
 prompts of 4-39 random token ids are generated greedily (``ignore_eos``) with
 ``kv_dtype="float32"`` and with each compact dtype, and the tokens are compared position by
-position. Prints, per dtype, the share of equal tokens, how many sequences are identical and
+position (``int8:float32``: the int8 cache with ``activation_dtype="float32"``, float32
+queries; plain ``int8`` takes the default "auto", int8 queries). Prints, per dtype, the share of equal tokens, how many sequences are identical and
 the median position of the first difference. Random models have nearly flat logits, so this is
 a pessimistic figure: a near-tie flips on the smallest change and the sequences part from then on.
 """
@@ -28,7 +29,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--dtypes", nargs="+", default=["int8", "float16", "bfloat16"])
+    ap.add_argument("--dtypes", nargs="+", default=["int8", "int8:float32", "float16", "bfloat16"])
     args = ap.parse_args(argv)
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     stats = {dt: [0, 0, []] for dt in args.dtypes}
@@ -39,7 +40,9 @@ def main(argv=None):
                    for _ in range(8)]
         ref = LLM(path, kv_cache_pages=256).generate(prompts, params, use_tqdm=False)
         for dt in args.dtypes:
-            outs = LLM(path, kv_cache_pages=256, kv_dtype=dt).generate(prompts, params, use_tqdm=False)
+            kv, _, act = dt.partition(":")
+            outs = LLM(path, kv_cache_pages=256, kv_dtype=kv, activation_dtype=act or "auto").generate(
+                prompts, params, use_tqdm=False)
             for o, r in zip(outs, ref):
                 eq, first = compare(o.outputs[0].token_ids, r.outputs[0].token_ids, args.tokens)
                 stats[dt][0] += eq
@@ -47,7 +50,7 @@ def main(argv=None):
                 stats[dt][2].append(first)
     for dt, (eq, total, firsts) in stats.items():
         same = sum(f == args.tokens for f in firsts)
-        print(f"{dt:>8} vs float32 KV, greedy, {args.tokens} tokens x {len(firsts)} prompts: "
+        print(f"{dt:>12} vs float32 KV, greedy, {args.tokens} tokens x {len(firsts)} prompts: "
               f"{100 * eq / total:.1f}% of tokens equal, {same}/{len(firsts)} sequences identical, "
               f"first difference at median position {int(np.median(firsts))}")
 

@@ -164,6 +164,46 @@ def test_compact_kv_cache_close(pair, kv_dtype, rtol):
     assert_close(out[1], out[0], rtol=rtol)     # measured: 4e-4, 3e-3, 1.2e-2
 
 
+def test_int8_cache_queries_follow_activation_dtype(tmp_path_factory, monkeypatch):
+    """activation_dtype="auto" rounds decode queries to int8 over an int8 cache (integer dot
+    products, as llama.cpp) and "float32" keeps them float: the attention calls carry the
+    option, the logits differ in their bits but both stay close to the float32 cache's, and
+    over float pages the two give the same bits."""
+    import pagedcy.models.model as mm
+
+    path, _ = build_hf(tmp_path_factory, "int8q", "LlamaConfig",
+                       dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2))
+    models = {a: load_model(path, num_threads=2, activation_dtype=a) for a in ("auto", "float32")}
+    assert models["auto"].quantize_query and not models["float32"].quantize_query
+    seen = []
+    run = mm.run_attention
+
+    def spy(*args, **kw):
+        seen.append(kw["quantize_query"])
+        return run(*args, **kw)
+    monkeypatch.setattr(mm, "run_attention", spy)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 101, 40), rng.integers(0, 101, 23)]
+
+    def logits(model, kv_dtype):
+        alloc = SlotAllocator(model, max_pages=40, page_size=4, seed=2, dtype=kv_dtype)
+        pages = alloc.store.pages()
+        model.forward(pages, np.concatenate(prompts).astype(np.int32), alloc.step([0, 1], [40, 23]))
+        steps = []
+        for t in range(3):               # decode steps: one query per sequence
+            ids = np.array([prompts[0][t], prompts[1][t]], np.int32)
+            steps.append(model.forward(pages, ids, alloc.step([0, 1], [1, 1])).copy())
+        return np.concatenate(steps)
+    ref = logits(models["float32"], "float32")
+    seen.clear()
+    got = {a: logits(m, "int8") for a, m in models.items()}
+    assert seen == [True] * 8 + [False] * 8          # 2 layers x 4 forwards each
+    assert not np.array_equal(got["auto"], got["float32"])
+    for a in got:
+        assert_close(got[a], ref, rtol=3e-2)
+    np.testing.assert_array_equal(logits(models["auto"], "float32"), ref)
+
+
 def test_rope_inverse_frequencies_match(pair):
     """Our inv_freq (with llama3 scaling where configured) is transformers' buffer."""
     from pagedcy.models.rope import inv_freq

@@ -37,8 +37,9 @@ class LLMEngine:
     dtype / quantization: how the weights are held (``load_model``'s options, vLLM's names):
     dtype "auto" (as stored: 16-bit stays 16-bit), "float32", "float16" or "bfloat16";
     quantization None, "q8_0" or "q4_0" (GGUF block formats, quantized at load).
-    activation_dtype: "auto" (int8 activations for Q4_K / Q5_0 / Q6_K / Q8_0 weights, as llama.cpp)
-    or "float32" (float32 activations for every weight).
+    activation_dtype: "auto" (int8 activations for Q4_K / Q5_0 / Q6_K / Q8_0 weights, and int8
+    decode queries over a ``kv_dtype="int8"`` cache, as llama.cpp) or "float32" (float32
+    activations for every weight and query).
     kv_cache_pages: pages in the KV pool (None: :func:`default_num_pages`).
     max_num_seqs / max_num_batched_tokens: at most this many sequences / new tokens in
     one step (longer prompts are prefilled in chunks). preemption_mode: "recompute" or

@@ -21,7 +21,8 @@ def load_model(path: str | os.PathLike, *, num_threads: int | None = None, dtype
     "q4_0") choose how the matrices are held (:mod:`pagedcy.models.storage`): "auto" keeps
     F16/BF16 tensors in 16 bits and F32 ones in float32; compute is float32 either way.
     ``activation_dtype`` ("auto": int8 activations for Q4_K / Q5_0 / Q6_K / Q8_0 matrices, as
-    llama.cpp; "float32") says what block-format matrices multiply (same module).
+    llama.cpp; "float32") says what block-format matrices multiply (same module), and whether
+    decode queries over int8 K/V pages are rounded to int8 (``CausalLM.quantize_query``).
     FileNotFoundError when the directory, config.json or the weights are missing;
     ValueError for a bad dtype/quantization, an unsupported architecture or rope_scaling
     type (listing the supported ones) and for a corrupt file or a missing/mis-shaped tensor
@@ -97,4 +98,5 @@ def build_model(cfg: ModelConfig, reader, *, num_threads: int | None = None, dty
     del stored
     layers = [load_layer(reader, cfg, i, storage) for i in range(cfg.num_layers)]
     final_norm = norm_weight(reader, cfg, "model.norm.weight", h)
-    return CausalLM(cfg, embed, layers, final_norm, lm_head, num_threads=num_threads)
+    return CausalLM(cfg, embed, layers, final_norm, lm_head, num_threads=num_threads,
+                    quantize_query=activation_dtype == "auto")

@@ -66,11 +66,16 @@ class CausalLM:
     Build with :func:`pagedcy.models.load_model`. Matrices are :class:`Weight` objects in the
     format the load options chose (float32 ndarrays are taken as float32 weights); compute is
     float32. ``weight_bytes`` is the RAM its weights take as held (tied embeddings stored once).
+    ``quantize_query``: over int8 K/V pages, decode attention rounds each query to int8 and
+    scores with integer dot products (``batch_paged_attention``'s option, and its stated
+    bound), as llama.cpp does over a quantized cache; the loaders set it for
+    ``activation_dtype="auto"``. No effect on float pages.
     """
 
     def __init__(self, config: ModelConfig, embed, layers: list[LayerWeights],
-                 final_norm: np.ndarray, lm_head, *, num_threads=None):
+                 final_norm: np.ndarray, lm_head, *, num_threads=None, quantize_query=False):
         self.config = config
+        self.quantize_query = bool(quantize_query)
         # embed [vocab, hidden]; None when tied: rows are then gathered from lm_head.
         self._embed = None if embed is None else _as_weight(embed)
         self._layers = layers
@@ -173,6 +178,7 @@ class CausalLM:
             table.ensure(top)
         eps, H, Hk = c.rms_norm_eps, c.num_heads, c.num_kv_heads
         scale, cap = c.query_scale, c.attn_logit_softcapping or 0.0
+        int8_q = self.quantize_query
         act_mul = gelu_tanh_mul if c.hidden_act == "gelu_tanh" else silu_mul
         resid, normed, delta = ws.residual[:n], ws.normed[:n], ws.delta[:n]
         qkv, q, k, v = ws.qkv[:n], ws.q[:n], ws.k[:n], ws.v[:n]
@@ -193,7 +199,7 @@ class CausalLM:
                      lw.k_norm, eps, nt)
             write_token_rows(store, pages, offs, li, k, v)
             run_attention(batch, q, kv_pages, li, scale=scale, window_left=lw.window_left,
-                          soft_cap=cap, out=attn, num_threads=nt)
+                          soft_cap=cap, out=attn, num_threads=nt, quantize_query=int8_q)
             linear(attn2d, lw.w_o, delta, nt)
             if lw.o_bias is not None:
                 delta += lw.o_bias

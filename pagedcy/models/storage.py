@@ -30,6 +30,10 @@ its raw rows uint8 ``[N, row_bytes]``) is held as it is, whatever ``dtype`` and
   float32 result).
 - ``"float32"``: float32 activations everywhere (bit for bit the float32 GEMM on the
   dequantized weights).
+
+The loaders apply the same choice to attention over an int8 KV cache: with ``"auto"`` the
+model's decode queries are rounded to int8 and scored with integer dot products
+(``CausalLM.quantize_query``), as llama.cpp quantizes q for a quantized cache.
 """
 from __future__ import annotations
 

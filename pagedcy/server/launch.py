@@ -52,7 +52,8 @@ def add_weight_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", default=None, choices=[q for q in QUANTIZATIONS if q],
                    help="quantize the projections at load to this GGUF block format")
     p.add_argument("--activation-dtype", default="auto", choices=ACTIVATION_DTYPES,
-                   help="auto: int8 activations for Q4_K/Q5_0/Q6_K/Q8_0 weights (as llama.cpp); "
+                   help="auto: int8 activations for Q4_K/Q5_0/Q6_K/Q8_0 weights and int8 decode "
+                        "queries over an int8 KV cache (as llama.cpp); "
                         "float32: float32 activations everywhere")
 
 
