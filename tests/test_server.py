@@ -231,8 +231,8 @@ def test_50_disconnects_spare_the_others(server, llm, model_dir):
                         return
             stop_after = rng.randint(1, 30)
             wait = rng.uniform(0.0, 0.6)
-            # every fifth leaver always leaves mid-stream (no EOS, no timer), so some aborts
-            # happen however slowly a loaded machine accepts the 58 connections
+            # every fifth leaver always leaves mid-stream (no EOS, no timer): its request
+            # reached the server however slowly a loaded host accepts the 58 connections
             mid_stream = k % 5 == 0
             task = asyncio.ensure_future(consume())
             if mid_stream:
@@ -274,12 +274,15 @@ def test_50_disconnects_spare_the_others(server, llm, model_dir):
         return after.get(key, 0) - before.get(key, 0)
     aborted = delta("pagedcy_request_success_total[abort]")
     # a leaver that left before its request reached the handler never started one; every
-    # request that did start ended, as an abort or finished (the 8 stayers, and a leaver
-    # whose text hit EOS before it left)
+    # request that did start ended, as an abort or finished (the 8 stayers, a leaver whose
+    # text hit EOS before it left, and one the engine finished before the server's event
+    # loop saw the disconnect: on a loaded host that was 46 of 55, so how many abort is
+    # the host's timing, not asserted here; test_server_app checks that a disconnect aborts,
+    # on an engine whose steps take a known time)
     received = delta("pagedcy_requests_received_total")
     finished = delta("pagedcy_request_success_total[length]") \
         + delta("pagedcy_request_success_total[stop]")
-    assert 10 <= aborted <= 50 and 8 <= finished and received == aborted + finished, \
+    assert received >= 18 and aborted <= 50 and 8 <= finished and received == aborted + finished, \
         dict(aborted=aborted, finished=finished, received=received)
 
 
