@@ -91,17 +91,23 @@ class ToyModel:
         return out, logits
 
 
+def complete(eng, prompt, params):
+    """Token ids of each completion of one request run to the end on the idle engine
+    ``eng``."""
+    eng.add_request("x", prompt, params)
+    out = None
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            out = o
+    return [c.token_ids for c in out.outputs]
+
+
 def run_alone(model, prompt, params, memo):
     """Token ids of each completion of one request run alone on a roomy engine over
     ``model`` (page_size 4), memoised in the dict ``memo``."""
     from pagedcy.engine import LLMEngine
     key = (tuple(prompt), params)
     if key not in memo:
-        eng = LLMEngine.from_model(model, page_size=4, kv_cache_pages=64)
-        eng.add_request("x", prompt, params)
-        out = None
-        while eng.has_unfinished_requests():
-            for o in eng.step():
-                out = o
-        memo[key] = [c.token_ids for c in out.outputs]
+        memo[key] = complete(LLMEngine.from_model(model, page_size=4, kv_cache_pages=64),
+                             prompt, params)
     return memo[key]

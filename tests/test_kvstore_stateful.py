@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, rule,
                                  run_state_machine_as_test)
 
-from engine_helpers import ToyModel, run_alone
+from engine_helpers import ToyModel, complete, run_alone
 from redis_fixture import redis_server  # noqa: F401  (the fixture)
 from pagedcy.engine import LLMEngine, SamplingParams
 
@@ -136,12 +136,7 @@ def test_store_state_machine(redis_server):
     seed_store(redis_server)
     eng = LLMEngine.from_model(MODEL, page_size=4, kv_cache_pages=16, kv_store=redis_server.url)
     params = SamplingParams(temperature=0, max_tokens=3)
-    eng.add_request("check", PREFIX + [2], params)
-    done = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0].token_ids
+    got = complete(eng, PREFIX + [2], params)[0]
     assert eng.stats().kv_store_pages_loaded > 0
-    assert done["check"] == alone(PREFIX + [2], params)
+    assert got == alone(PREFIX + [2], params)
     eng.close()
