@@ -3,7 +3,12 @@ tokens each, greedy) on the engine bench's 55M random Llama, ``LLM.generate`` wi
 imported first and with torch imported first, against transformers ``generate`` (padded,
 sdpa) in the same run.
 
-``python asv_benches/import_order_e2e.py [--threads 2] [--rounds 3] [--pairs 3]``
+``python asv_benches/import_order_e2e.py [--threads 2] [--rounds 3] [--pairs 3] [--isa avx2]``
+
+``--isa avx2`` stands in for an AVX2-only CPU on an AVX-512 one: it caps both engines at AVX2,
+pagedcy through ``PAGEDCY_SIMD`` and torch through ``ATEN_CPU_CAPABILITY`` (its own kernels),
+``MKL_ENABLE_INSTRUCTIONS`` (its BLAS) and ``ONEDNN_MAX_CPU_ISA`` (oneDNN), so neither side keeps
+AVX-512 the other lacks. Each child reports the levels in force.
 
 Each order runs in a fresh subprocess (which library loads its OpenMP runtime first is fixed
 at import), best of ``--rounds`` inside it; the two orders' subprocesses alternate ``--pairs``
@@ -39,7 +44,7 @@ for _ in range(rounds):
     llm.generate(reqs, sp, use_tqdm=False)
     best = min(best, time.perf_counter() - t)
 res = {"pagedcy_s": best, "runtime": _threads.openmp_runtime().rsplit("/", 1)[-1],
-       "wait_policy": str(wait_policy())}
+       "wait_policy": str(wait_policy()), "simd": _threads.simd_path().split(" ")[0]}
 if with_hf:
     import torch, transformers
     torch.set_num_threads(threads)
@@ -56,6 +61,7 @@ if with_hf:
                        do_sample=False)
         hf = min(hf, time.perf_counter() - t)
     res["transformers_s"] = hf
+    res["torch_isa"] = torch.backends.cpu.get_cpu_capability()
 print(json.dumps(res))
 """
 
@@ -67,6 +73,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pairs", type=int, default=3,
                     help="subprocesses per order, the orders alternating")
+    ap.add_argument("--isa", choices=("native", "avx2"), default="native",
+                    help="avx2: cap pagedcy and torch at AVX2 (an AVX2-only CPU's proxy)")
     args = ap.parse_args(argv)
     from pagedcy.tools.bench_engine import ensure_checkpoint
     from pagedcy.tools.info import cpu_description
@@ -77,6 +85,9 @@ def main(argv=None):
     env = {k: v for k, v in os.environ.items()
            if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_WAIT_POLICY",
                         "GOMP_SPINCOUNT")}
+    if args.isa == "avx2":
+        env.update(PAGEDCY_SIMD="avx2", ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2",
+                   ONEDNN_MAX_CPU_ISA="AVX2")
     print(f"# 16 x (128..1024 + 32) on the 55M Llama, {args.threads} threads, "
           f"{cpu_description()}")
     rows, runs = {}, {"pagedcy-first": [], "torch-first": []}
@@ -94,11 +105,13 @@ def main(argv=None):
     for order, rs in runs.items():
         rows[order] = dict(min(rs, key=lambda r: r["pagedcy_s"]),
                            transformers_s=min(r["transformers_s"] for r in rs))
-    print("| import order | pagedcy s | transformers s | ratio | OpenMP runtime | wait policy |")
-    print("|---|---|---|---|---|---|")
+    print("| import order | pagedcy s | transformers s | ratio | OpenMP runtime | wait policy "
+          "| pagedcy SIMD | torch ISA |")
+    print("|---|---|---|---|---|---|---|---|")
     for order, r in rows.items():
         print(f"| {order} | {r['pagedcy_s']:.3f} | {r['transformers_s']:.3f} | "
-              f"{r['transformers_s'] / r['pagedcy_s']:.2f}x | {r['runtime']} | {r['wait_policy']} |")
+              f"{r['transformers_s'] / r['pagedcy_s']:.2f}x | {r['runtime']} | {r['wait_policy']} "
+              f"| {r['simd']} | {r['torch_isa']} |")
     slow = rows["torch-first"]["pagedcy_s"] / rows["pagedcy-first"]["pagedcy_s"] - 1
     pairs = ", ".join(f"{100 * (b['pagedcy_s'] / a['pagedcy_s'] - 1):+.1f}%"
                       for a, b in zip(runs["pagedcy-first"], runs["torch-first"]))

@@ -130,3 +130,28 @@ def test_openmp_runtimes_reads_the_maps_file(tmp_path):
     found = {os.path.basename(p.strip()) for p in _openmp_runtimes(str(maps))}
     assert found == {"libgomp.so.1.0.0", "libgomp.so.1", "libgomp-a34b3233.so.1.0.0", "libomp.so"}
     assert _openmp_runtimes(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("message, translated", [
+    ("/x/torch/lib/libgomp.so.1: version `OMP_5.1' not found (required by /x/_threads.so)", True),
+    ("/x/libgomp.so.1: version `GOMP_5.0' not found (required by /x/_attention.so)", True),
+    ("libfoo.so: cannot open shared object file", False),
+])
+def test_an_older_runtime_loaded_first_is_named_as_the_cause(message, translated):
+    """A build linking the shared libgomp (built without patchelf), imported after torch loaded
+    its older libgomp, fails in the dynamic loader with a symbol-version message: the
+    ImportError must name the cause and the remedies; other ImportErrors pass through."""
+    code = ("import importlib, json, sys\n"
+            "real = importlib.import_module\n"
+            "def fake(name, *a):\n"
+            "    if name == 'pagedcy._libs._threads':\n"
+            "        raise ImportError(sys.argv[1])\n"
+            "    return real(name, *a)\n"
+            "importlib.import_module = fake\n"
+            "try:\n"
+            "    import pagedcy\n"
+            "except ImportError as e:\n"
+            "    print(json.dumps([str(e), str(e.__cause__)]))\n")
+    (msg, cause), _ = run(code, (message,))
+    assert message in msg and message in cause if translated else msg == message
+    assert ("import pagedcy before torch" in msg and "patchelf" in msg) == translated

