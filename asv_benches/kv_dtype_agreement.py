@@ -5,9 +5,10 @@
 prompts of 4-39 random token ids are generated greedily (``ignore_eos``) with
 ``kv_dtype="float32"`` and with each compact dtype, and the tokens are compared position by
 position (``int8:float32``: the int8 cache with ``activation_dtype="float32"``, float32
-queries; plain ``int8`` takes the default "auto", int8 queries). Prints, per dtype, the share of equal tokens, how many sequences are identical and
-the median position of the first difference. Random models have nearly flat logits, so this is
-a pessimistic figure: a near-tie flips on the smallest change and the sequences part from then on.
+queries; plain ``int8`` takes the default "auto", int8 queries). Prints, per dtype, the share
+of equal tokens, how many sequences are identical and the median position of the first
+difference. Random models have nearly flat logits, so this is a pessimistic figure: a
+near-tie flips on the smallest change and the sequences part from then on.
 """
 import argparse
 import tempfile
