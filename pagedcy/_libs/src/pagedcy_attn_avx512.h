@@ -415,6 +415,13 @@ PA_AVX512 static void pa_pv12_avx512(float *O, int D, const float *alpha, const 
  * AVX2-level kernel (AVX-VNNI or int16 vpmaddwd). */
 #if defined(__GNUC__) || defined(__clang__)
 #define PAGEDCY_ATTN_HAVE_AVX512VNNI 1
+/* vpdpbusd through asm, as pa_dpbusd_avx: with the intrinsic GCC 12 copied the tied
+ * accumulator to another register per use and spilled some of the 16 to the stack */
+__attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline))
+static inline __m512i pa_dpbusd_z(__m512i acc, __m512i u, __m512i s) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+    return acc;
+}
 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx512vnni,avx2,fma,f16c")))
 static void pa_qk4_i8_vnni_avx512(const int8_t *q8, const float *qs, const int32_t *qsum, int D,
                                   const char *const *K, int npg, int64_t rs, int tpp, int v0, int v1, float *S,
@@ -446,7 +453,7 @@ static void pa_qk4_i8_vnni_avx512(const int8_t *q8, const float *qs, const int32
             for (int t = 0; t < 4; t++) u[t] = _mm512_xor_si512(_mm512_loadu_si512(kr[t] + d), x80);
             for (int r = 0; r < 4; r++) {
                 const __m512i y = _mm512_loadu_si512(q8 + (int64_t)r * D + d);
-                for (int t = 0; t < 4; t++) a[r * 4 + t] = _mm512_dpbusd_epi32(a[r * 4 + t], u[t], y);
+                for (int t = 0; t < 4; t++) a[r * 4 + t] = pa_dpbusd_z(a[r * 4 + t], u[t], y);
             }
         }
         __m512i w[16];            /* pa_qk4x4r_z's order */
@@ -454,12 +461,20 @@ static void pa_qk4_i8_vnni_avx512(const int8_t *q8, const float *qs, const int32
             const int t = 2 * (p >> 3) + (p & 1), r = (p & 7) >> 1;
             w[4 * (p & 3) + (p >> 2)] = a[r * 4 + t];
         }
-        float kss[16];            /* the K rows' scales, in the same element order */
-        for (int p = 0; p < 16; p++) memcpy(kss + p, kr[2 * (p >> 3) + (p & 1)] + D, sizeof(float));
+        /* the K rows' scales in the same element order (tokens 0 1 0 1 ... in lanes 0-7,
+         * 2 3 2 3 ... in 8-15), built in registers: written to the stack as 16 floats and
+         * read back as one vector they stalled store-to-load forwarding */
+        const __m128 ka = _mm_unpacklo_ps(_mm_load_ss((const float *)(kr[0] + D)),
+                                          _mm_load_ss((const float *)(kr[1] + D)));
+        const __m128 kb = _mm_unpacklo_ps(_mm_load_ss((const float *)(kr[2] + D)),
+                                          _mm_load_ss((const float *)(kr[3] + D)));
+        const __m512 kss = _mm512_insertf32x8(
+            _mm512_castps256_ps512(_mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(ka)))),
+            _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(kb))), 1);
         /* reduced and corrected on integers (exact), one conversion: the sums stay
          * below 2^24 for D <= 512, so the value is the float sums' bit for bit */
         const __m512 h = _mm512_cvtepi32_ps(_mm512_sub_epi32(pa_hsum16x16_epi32(w), corr));
-        _mm512_storeu_ps(S + (v >> 1) * 8, _mm512_mul_ps(h, _mm512_mul_ps(sc, _mm512_loadu_ps(kss))));
+        _mm512_storeu_ps(S + (v >> 1) * 8, _mm512_mul_ps(h, _mm512_mul_ps(sc, kss)));
     }
     if (v < v1) pa_qk4_i8_avx2(q8, qs, qsum, D, K, npg, rs, tpp, v, v1, S, pf, flags);
     else for (int i = 0; pf && i < npg; i++) pa_pf_step(pf + i, pa_pf_lines_left(pf + i), flags);
