@@ -43,7 +43,10 @@ def test_gguf_quick_run_without_llama_cpp(tmp_path):
     assert "read bandwidth " in text and "pagedcy decode = " in text and "llama.cpp's =" not in text
     # the best tg against the best of the probes before, between and after the 3 runs
     local = next(line for line in text.splitlines() if line.startswith("read bandwidth probed"))
-    assert local.split(": ")[1].split(" GB/s")[0].count(", ") == 3 and "(target >= 70%)" in local
+    assert local.split(": ")[1].split(" GB/s")[0].count(", ") == 3 and "target" not in local
+    # the target rides on each decode step against the read after it: 3 runs of 8 steps
+    paired = next(line for line in text.splitlines() if line.startswith("decode steps each"))
+    assert "of 16 MiB (24 steps, reads " in paired and paired.endswith("%; target >= 70%)")
 
 
 def test_bf16_vs_f32_quick_run(tmp_path):
@@ -109,7 +112,13 @@ def test_llama_cpp_rows_beside_ours(tmp_path, monkeypatch):
     assert "allows 1000.0 tok/s: pagedcy decode = 2% of it" in text and "llama.cpp's = 5%" in text
     # the best probe around the runs, 2 GB/s: 2000 tok/s allowed; 25 = 1.25%, 50 = 2.5%
     assert ("probed before, between and after the tg runs: 1.0, 0.5, 2.0, 0.2 GB/s; the best, 2.0, "
-            "allows 2000.0 tok/s: pagedcy decode = 1% of it (target >= 70%), llama.cpp's = 2%") in text
+            "allows 2000.0 tok/s: pagedcy decode = 1% of it, llama.cpp's = 2%") in text
+    # each step against the read after it: 1 MB in 1 ms at 2 GB/s = 50%, in 0.5 ms at 2 = 100%,
+    # in 1 ms at 4 = 25%: median 50%, quartiles (statistics' exclusive method) 25-100%
+    ours["steps_vs_reads"] = [[1e-3, 2.0], [0.5e-3, 2.0], [1e-3, 4.0]]
+    text = bench_gguf.format_file("f.gguf", ours, res, bw=1.0, threads=2, quick=True)
+    assert ("decode steps each followed by a read of 16 MiB (3 steps, reads 2.0-4.0 GB/s): a step's "
+            "rate over what its read's bandwidth allows, median 50% (quartiles 25-100%; target >= 70%)") in text
     assert "0.50x after load" in text and "1.00x after the runs" in text
 
 

@@ -248,6 +248,10 @@ def test_bench_quick_table(threads, simd):
     for line in rows:
         cell = line[73:81].strip()
         assert cell.endswith("%") if line.startswith("decode") else cell == "-", line
+        # the roof's share: best over best, and the median of the rounds' own shares
+        for cell in (line[92:100].strip(), line[100:107].strip()):
+            assert cell.endswith("%") if line.startswith("decode") else cell == "-", line
+    assert any(line.startswith("% roof: the best time's rate") for line in lines)
     from pagedcy._libs._attention import simd_level
     assert any("AVX2 kernels" in line for line in rows) == (simd is None and simd_level() == 2)
     # stderr is a pipe here: no progress drawing (it used to write "\r\033[K" status lines)

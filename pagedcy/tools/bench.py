@@ -224,7 +224,7 @@ def bench_case(name, kind, batch, kv_len, dtype, threads, seed, q_len=1, max_sim
 
 
 def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=None, walk=None,
-                     fma=None, cache=None):
+                     fma=None, cache=None, history=None):
     """Run every row's case once per round, round after round (at least `repeats`
     rounds and `min_seconds`), and keep each case's best time: a noisy
     neighbour then hits all cases alike instead of whichever ran during it.
@@ -233,7 +233,10 @@ def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=
     likewise for ``page_read_bandwidth`` over the same buffer, and `fma`
     ({(threads, simd): lane-FMAs/s}) for ``fma_rate``, and `cache` ({(threads, nbytes):
     GB/s}) for ``read_bandwidth`` re-reading a buffer of that size (the cache read rate of
-    an in-cache case). `progress` (a Progress over `min_seconds`) follows the elapsed time."""
+    an in-cache case). `history` (a list): each round appends its own probes,
+    ``{"walk": {...}, "fma": {...}, "cache": {...}}`` keyed as those dicts, for a round-by-round
+    share of the roof (``finish_row``). `progress` (a Progress over `min_seconds`) follows the
+    elapsed time."""
     start = time.perf_counter()
     t_end = start + min_seconds
     rounds = 0
@@ -246,14 +249,20 @@ def time_interleaved(rows, repeats, min_seconds, bw=None, bw_buf=None, progress=
             t0 = time.perf_counter()
             r["run"]()
             r["times"].append(time.perf_counter() - t0)
+        now = {"walk": {}, "fma": {}, "cache": {}}
         for k in (bw or {}):
             bw[k] = max(bw[k], read_bandwidth(num_threads=k, repeats=1, buffer=bw_buf))
         for k in (walk or {}):
-            walk[k] = max(walk[k], page_read_bandwidth(num_threads=k, repeats=1, buffer=bw_buf))
+            now["walk"][k] = page_read_bandwidth(num_threads=k, repeats=1, buffer=bw_buf)
         for th, lvl in (fma or {}):
-            fma[th, lvl] = max(fma[th, lvl], fma_rate(th, lvl, repeats=1))
+            now["fma"][th, lvl] = fma_rate(th, lvl, repeats=1)
         for th, nb in (cache or {}):
-            cache[th, nb] = max(cache[th, nb], cache_read_rate(th, nb))
+            now["cache"][th, nb] = cache_read_rate(th, nb)
+        for name, best in (("walk", walk), ("fma", fma), ("cache", cache)):
+            for k, v in now[name].items():
+                best[k] = max(best[k], v)
+        if history is not None:
+            history.append(now)
     return rounds
 
 
@@ -299,13 +308,15 @@ def row_roof(row, walk, fma, cache=None):
     return w, "w"
 
 
-def finish_row(row, bw, walk=None, fma=None, cache=None):
+def finish_row(row, bw, walk=None, fma=None, cache=None, history=None):
     """Fill a benchmark row's derived columns in place from its best time: ``ms``, ``rate``
     and ``unit`` (GB/s of page bytes read for decode, GFLOP/s for prefill), ``pct_bw``
     (decode rate as a percentage of ``bw[threads]``, the measured read bandwidth in GB/s)
     and ``pct_walk`` (the same of ``walk[threads]``, the page-walk read rate, when given);
     ``roof`` / ``pct_roof`` (``row_roof`` with ``fma``: {(threads, simd): lane-FMAs/s}, and
-    ``cache``: {(threads, nbytes): GB/s})."""
+    ``cache``: {(threads, nbytes): GB/s}); with ``history`` (``time_interleaved``'s, one
+    entry per time in ``row["times"]``), ``pct_roof_med``: the median over rounds of the
+    round's rate over the roof of that round's probes."""
     t = min(row["times"]) / row["reps"]
     row["ms"] = t * 1e3
     row["pct_walk"] = None
@@ -319,6 +330,12 @@ def finish_row(row, bw, walk=None, fma=None, cache=None):
             row["pct_walk"] = 100.0 * row["rate"] / walk[row["threads"]]
         if row["roof"] is not None:
             row["pct_roof"] = 100.0 * row["rate"] / row["roof"][0]
+        pcts = []
+        for ti, h in zip(row["times"], history or ()):
+            roof = row_roof(row, h["walk"], h["fma"], h["cache"])
+            if roof is not None:
+                pcts.append(100.0 * row["nbytes"] * row["reps"] / ti / 1e9 / roof[0])
+        row["pct_roof_med"] = float(np.median(pcts)) if pcts else None
     else:
         row["rate"] = row["flops"] / t / 1e9
         row["unit"] = "GFLOP/s"
@@ -385,7 +402,7 @@ def format_table(rows, bw, bw_start=None, walk=None, fma=None, cache=None):
     (``fma``, {(threads, simd): lane-FMAs/s}) and the cache read rates (``cache``,
     {(threads, nbytes): GB/s})."""
     head = (f"{'case':<34}{'thr':>4}{'time ms':>10}{'rate':>16}{'% of bw':>9}{'% walk':>8}"
-            f"{'roof GB/s':>11}{'% roof':>8}{'x numpy':>9}{'x torch':>9}")
+            f"{'roof GB/s':>11}{'% roof':>8}{'med %':>7}{'x numpy':>9}{'x torch':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         rate = f"{r['rate']:.1f} {r['unit']}"
@@ -393,9 +410,10 @@ def format_table(rows, bw, bw_start=None, walk=None, fma=None, cache=None):
         pw = f"{r['pct_walk']:.0f}%" if r.get("pct_walk") is not None else "-"
         roof = f"{r['roof'][0]:.1f} {r['roof'][1]}" if r.get("roof") else "-"
         pr = f"{r['pct_roof']:.0f}%" if r.get("pct_roof") is not None else "-"
+        pm = f"{r['pct_roof_med']:.0f}%" if r.get("pct_roof_med") is not None else "-"
         xn = f"{r['numpy']:.1f}x" if r["numpy"] is not None else "-"
         xt = f"{r['torch']:.1f}x" if r["torch"] is not None else ("n/a" if r.get("ran_baselines") else "-")
-        lines.append(f"{r['case']:<34}{r['threads']:>4}{r['ms']:>10.2f}{rate:>16}{pct:>9}{pw:>8}{roof:>11}{pr:>8}{xn:>9}{xt:>9}")
+        lines.append(f"{r['case']:<34}{r['threads']:>4}{r['ms']:>10.2f}{rate:>16}{pct:>9}{pw:>8}{roof:>11}{pr:>8}{pm:>7}{xn:>9}{xt:>9}")
     lines.append("")
     lines.append("read bandwidth (read_bandwidth, same run, best of the start and every round): "
                  + _per_thread(bw))
@@ -414,6 +432,10 @@ def format_table(rows, bw, bw_start=None, walk=None, fma=None, cache=None):
                      f"one lane-FMA consumes: dtype bytes / {H // HKV} query heads per KV head), "
                      "w = page-walk read rate, c = cache read rate of a buffer the case's size; i8q: int8 K/V with quantize_query=True; FMA rates "
                      + ", ".join(f"{names.get(s, s)} {k} thr {v / 1e9:.1f} G/s" for (k, s), v in sorted(fma.items())))
+        lines.append("% roof: the best time's rate over the best roof of any round; med %: the median "
+                     "over rounds of a round's rate over the roof probed in that round, seconds apart, "
+                     "not minutes (on a host whose page-walk rate moves from 30 to 50 GB/s, one lucky "
+                     "probe sets the first)")
     if cache:
         lines.append("cache read rates (read_bandwidth re-reading a buffer of an in-cache case's size, best of "
                      "the start and every round): "
@@ -529,10 +551,11 @@ def main(argv=None):
             progress.update()
     bw_start = dict(bw)
     with Progress(secs, "timing", unit="s") as progress:
-        rounds = time_interleaved(rows, rep, secs, bw, bw_buf, progress, walk, fma, cache)
+        history: list = []
+        rounds = time_interleaved(rows, rep, secs, bw, bw_buf, progress, walk, fma, cache, history)
     del bw_buf
     for row in rows:
-        finish_row(row, bw, walk, fma, cache)
+        finish_row(row, bw, walk, fma, cache, history)
         del row["run"]
     if base:
         with Progress(len(rows), "baselines", unit="case") as progress:
