@@ -551,7 +551,7 @@ def main(argv=None):
             progress.update()
     bw_start = dict(bw)
     with Progress(secs, "timing", unit="s") as progress:
-        history: list = []
+        history = []
         rounds = time_interleaved(rows, rep, secs, bw, bw_buf, progress, walk, fma, cache, history)
     del bw_buf
     for row in rows:
