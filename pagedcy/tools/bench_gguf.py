@@ -159,22 +159,19 @@ def _steps_vs_reads(eng, ntg, vocab, repeats, threads, quick):
     from pagedcy._libs._bandwidth import read_bandwidth
     buf = np.ones(read_pair_mib(quick) * 2**20 // 4, np.float32)
     pairs = []
+
+    def read_after(_, seconds):
+        pairs.append([seconds, read_bandwidth(buffer=buf, num_threads=threads, repeats=1)])
     for i in range(repeats):
-        (p,) = be.workload_a_prompts(1, 1, 1, vocab, seed=400 + i)
-        eng.add_request(f"sr{i}", {"prompt_token_ids": p}, be._greedy(ntg + 1))
-        eng.step()                               # the 1-token prefill
-        while eng.has_unfinished_requests():
-            t0 = time.perf_counter()
-            eng.step()
-            step = time.perf_counter() - t0
-            pairs.append([step, read_bandwidth(buffer=buf, num_threads=threads, repeats=1)])
+        _tg_lockstep({0: eng}, ntg, vocab, seed=400 + i, after_step=read_after)
     return pairs
 
 
-def _tg_lockstep(engines, ntg, vocab, seed):
+def _tg_lockstep(engines, ntg, vocab, seed, after_step=None):
     """tg ``ntg`` tok/s of one sequence on each engine, their decode steps taken in turn (a
     step of the first, a step of the second, ...) and each engine's own steps timed and
-    summed: the rates come from the same seconds, step by step."""
+    summed: the rates come from the same seconds, step by step. ``after_step(name,
+    seconds)``, when given, runs after each timed decode step, outside its time."""
     (p,) = be.workload_a_prompts(1, 1, 1, vocab, seed=seed)
     spent = dict.fromkeys(engines, 0.0)
     for eng in engines.values():
@@ -185,7 +182,10 @@ def _tg_lockstep(engines, ntg, vocab, seed):
             if eng.has_unfinished_requests():
                 t0 = time.perf_counter()
                 eng.step()
-                spent[name] += time.perf_counter() - t0
+                seconds = time.perf_counter() - t0
+                spent[name] += seconds
+                if after_step is not None:
+                    after_step(name, seconds)
     return {name: ntg / s for name, s in spent.items()}
 
 
@@ -308,7 +308,7 @@ def format_file(path, ours, theirs, bw, threads, quick, missing="not built"):
     pairs = ours.get("steps_vs_reads")
     if pairs:
         import statistics
-        fracs = sorted(per_token / (sec * gbs * 1e9) for sec, gbs in pairs)
+        fracs = [per_token / (sec * gbs * 1e9) for sec, gbs in pairs]
         q1, med, q3 = statistics.quantiles(fracs, n=4) if len(fracs) > 1 else fracs * 3
         lines.append(f"decode steps each followed by a read of {read_pair_mib(quick)} MiB "
                      f"({len(pairs)} steps, reads {min(g for _, g in pairs):.1f}-"
