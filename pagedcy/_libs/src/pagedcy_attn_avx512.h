@@ -517,7 +517,7 @@ static void pa_pv4_i8_vnni_avx512(float *O, int D, const float *alpha, float *S,
     pa_vtok_init(v0, npg, tpp, rs, &j, &row);
     for (int c0 = v0; c0 < v1; c0 += 64) {
         const int c1 = c0 + 64 < v1 ? c0 + 64 : v1, np = (c1 - c0 + 1) / 2, odd = (c1 - c0) & 1;
-        for (int t = 0; t < c1 - c0; t++) { rows[t] = V[j] + row; pa_vtok_next(npg, tpp, rs, &j, &row); }
+        pa_vtok_rows(rows, c1 - c0, V, npg, tpp, rs, &j, &row);
         if (odd) rows[c1 - c0] = rows[c1 - c0 - 1];     /* a duplicate: nothing beyond is read */
         pa_p16_chunk(Q, ps, S + (int64_t)(c0 >> 1) * 8, rows, np, D, odd);
         __m512 al[4], pr[4];
