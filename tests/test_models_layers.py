@@ -127,6 +127,59 @@ def test_gelu_tanh_mul_extremes():
     assert -1e-30 < out[0, 3] <= 0.0             # no cancellation in 1 + tanh(u) for g << 0
 
 
+@pytest.mark.parametrize("cap", ["scalar", "avx2"])
+def test_rows_at_every_level(cap):
+    """The row kernels follow PAGEDCY_SIMD as the attention and GEMM kernels do (each call takes
+    the build of pagedcy_simd_level(); they were target_clones, which ignore the cap): each
+    capped build against float64 on widths around the vector tails, and the extremes."""
+    import os
+    import subprocess
+    import sys
+    code = (
+        "import numpy as np\n"
+        "from pagedcy._libs import _layers\n"
+        "r = np.random.default_rng(7)\n"
+        "for w in (1, 7, 8, 15, 16, 17, 31, 33, 64, 100, 257):\n"
+        "    gu = (r.standard_normal((3, 2 * w)) * 6).astype(np.float32)\n"
+        "    g, u = gu[:, :w].astype(np.float64), gu[:, w:].astype(np.float64)\n"
+        "    out = np.full((3, w), np.nan, np.float32)\n"
+        "    _layers.silu_mul(gu, out)\n"
+        "    np.testing.assert_allclose(out, g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-6)\n"
+        "    _layers.gelu_tanh_mul(gu, out)\n"
+        "    want = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3))) * u\n"
+        "    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)\n"
+        "    x = (r.standard_normal((3, w)) * 3).astype(np.float32)\n"
+        "    wt = r.standard_normal(w).astype(np.float32)\n"
+        "    o = np.empty_like(x)\n"
+        "    _layers.rms_norm(x, wt, 1e-5, o)\n"
+        "    x64 = x.astype(np.float64)\n"
+        "    want = wt * x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5)\n"
+        "    np.testing.assert_allclose(o, want, rtol=2e-5, atol=2e-5)\n"
+        "gu = (r.standard_normal((16, 512)) * 6).astype(np.float32)\n"
+        "out = np.empty((16, 256), np.float32)\n"
+        "_layers.silu_mul(gu, out)\n"
+        "print(out.tobytes().hex())\n"
+        "ext = [np.nan, np.inf, -np.inf, 1e30, -1e30, 0.0, -87.5, 88.5, 2.0] * 2\n"
+        "gu = np.array([ext + [1.0] * len(ext)], np.float32)\n"
+        "for k in (_layers.silu_mul, _layers.gelu_tanh_mul):\n"
+        "    out = np.empty((1, len(ext)), np.float32)\n"
+        "    k(gu, out)\n"
+        "    print(out.tobytes().hex())\n")
+    outs = {}
+    for level in (cap, None):   # the capped build, then the machine's best
+        env = {k: v for k, v in os.environ.items() if k not in ("PAGEDCY_SIMD", "PAGEDCY_FORCE_SCALAR")}
+        if level:
+            env["PAGEDCY_SIMD"] = level
+        outs[level] = subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120,
+                                     capture_output=True, text=True).stdout
+    capped, best = outs[cap].split("\n"), outs[None].split("\n")
+    assert capped[1:] == best[1:]      # NaN, infinities, the clamps: the same bits on every build
+    from pagedcy._libs._attention import simd_level
+    if cap == "scalar" and simd_level() > 0:
+        # the baseline build rounds without FMA: other bits, so the cap reached these rows
+        assert capped[0] != best[0]
+
+
 def _rope_args(n=3, H=4, Hk=2, D=8, P=16):
     f = lambda *s: np.zeros(s, np.float32)  # noqa: E731
     return dict(qkv=f(n, (H + 2 * Hk) * D), positions=np.zeros(n, np.int32), cos=f(P, D // 2),

@@ -2,9 +2,12 @@
  *
  * A scalar libm expf made SiLU(gate)*up the slowest elementwise step of a prefill (7 ns an
  * element, twice NumPy's). pagedcy_expf is a branch-free Cephes-style expf (max relative
- * error ~2 ulp over the clamped range) that compilers vectorise; on x86-64 Linux GCC/Clang
- * build the row loop for AVX-512, AVX2 and baseline and pick one at load time
- * (target_clones), so the wheel stays portable without -march=native.
+ * error ~2 ulp over the clamped range) that compilers vectorise. On x86-64 (GCC, Clang) each
+ * row loop is built for AVX-512, AVX2 + FMA and the baseline, and every call takes the build
+ * of pagedcy_simd_level(), the level the attention and GEMM kernels run at: PAGEDCY_SIMD caps
+ * these rows too. (They were target_clones, which the loader resolves from the CPU alone, so
+ * PAGEDCY_SIMD=avx2 on an AVX-512 machine still ran them on AVX-512.) The wheel stays
+ * portable without -march=native.
  */
 #ifndef PAGEDCY_LAYERS_H
 #define PAGEDCY_LAYERS_H
@@ -14,10 +17,35 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__SANITIZE_ADDRESS__)
-#define PAGEDCY_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#include "pagedcy_convert.h"
+
+/* The exp's clamps and selects are if-converted into the vector loop only when FP ops may be
+ * assumed not to trap; GCC's default (-ftrapping-math) left the AVX2 build of every row loop
+ * scalar (AVX-512 masks them). Same values either way: only FP exception flags differ, and
+ * nothing here reads them. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+#if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+#define PAGEDCY_ROW_IMPL static inline __attribute__((always_inline))
+/* name(params): the body name##_impl inlined into an AVX-512 and an AVX2 + FMA build, and
+ * the baseline one, chosen per call by pagedcy_simd_level() (cached after its first call). */
+#define PAGEDCY_ROW_VARIANTS(name, params, args)                                              \
+    __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")))                  \
+    static void name##_avx512 params { name##_impl args; }                                  \
+    __attribute__((target("avx2,fma")))                                                     \
+    static void name##_avx2 params { name##_impl args; }                                    \
+    static void name params {                                                               \
+        const int level_ = pagedcy_simd_level();                                            \
+        if (level_ >= PAGEDCY_SIMD_AVX512) name##_avx512 args;                              \
+        else if (level_ == PAGEDCY_SIMD_AVX2) name##_avx2 args;                             \
+        else name##_impl args;                                                              \
+    }
 #else
-#define PAGEDCY_CLONES
+#define PAGEDCY_ROW_IMPL static inline
+#define PAGEDCY_ROW_VARIANTS(name, params, args) static void name params { name##_impl args; }
 #endif
 
 static inline float pagedcy_expf(float x_in) {
@@ -50,9 +78,8 @@ static inline float pagedcy_expf(float x_in) {
  * residual is not NULL; out may alias x (the sum is taken before any write). The squares
  * go into 16 float partial sums so the loop vectorises (a float reduction in one
  * accumulator does not, without -ffast-math), then add up in double. */
-PAGEDCY_CLONES
-static void pagedcy_rms_row(const float *x, float *residual, const float *weight, float eps,
-                            float *out, ptrdiff_t d) {
+PAGEDCY_ROW_IMPL void pagedcy_rms_row_impl(const float *x, float *residual, const float *weight, float eps,
+                                          float *out, ptrdiff_t d) {
     float acc[16] = {0};
     const float *src = x;
     ptrdiff_t j = 0;
@@ -79,22 +106,25 @@ static void pagedcy_rms_row(const float *x, float *residual, const float *weight
     const float inv = (float)(1.0 / sqrt(ss / (double)d + eps));
     for (j = 0; j < d; j++) out[j] = weight[j] * (src[j] * inv);
 }
+PAGEDCY_ROW_VARIANTS(pagedcy_rms_row,
+                     (const float *x, float *residual, const float *weight, float eps, float *out, ptrdiff_t d),
+                     (x, residual, weight, eps, out, d))
 
 /* out[j] = silu(gate_up[j]) * gate_up[width + j] for one row laid out as gate | up. */
-PAGEDCY_CLONES
-static void pagedcy_silu_mul_row(const float *gate_up, float *out, ptrdiff_t width) {
+PAGEDCY_ROW_IMPL void pagedcy_silu_mul_row_impl(const float *gate_up, float *out, ptrdiff_t width) {
     const float *up = gate_up + width;
     for (ptrdiff_t j = 0; j < width; j++) {
         float g = gate_up[j];
         out[j] = g / (1.0f + pagedcy_expf(-g)) * up[j];
     }
 }
+PAGEDCY_ROW_VARIANTS(pagedcy_silu_mul_row, (const float *gate_up, float *out, ptrdiff_t width),
+                     (gate_up, out, width))
 
 /* out[j] = gelu_tanh(gate_up[j]) * gate_up[width + j] (Gemma's MLP). The tanh
  * approximation 0.5 g (1 + tanh(u)), u = sqrt(2/pi) (g + 0.044715 g^3), is computed as
  * g * sigmoid(2u), the same function: no cancellation in 1 + tanh(u) for g << 0. */
-PAGEDCY_CLONES
-static void pagedcy_gelu_tanh_mul_row(const float *gate_up, float *out, ptrdiff_t width) {
+PAGEDCY_ROW_IMPL void pagedcy_gelu_tanh_mul_row_impl(const float *gate_up, float *out, ptrdiff_t width) {
     const float *up = gate_up + width;
     for (ptrdiff_t j = 0; j < width; j++) {
         float g = gate_up[j];
@@ -102,5 +132,11 @@ static void pagedcy_gelu_tanh_mul_row(const float *gate_up, float *out, ptrdiff_
         out[j] = g / (1.0f + pagedcy_expf(-u2)) * up[j];
     }
 }
+PAGEDCY_ROW_VARIANTS(pagedcy_gelu_tanh_mul_row, (const float *gate_up, float *out, ptrdiff_t width),
+                     (gate_up, out, width))
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
 
 #endif
