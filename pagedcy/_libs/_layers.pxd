@@ -10,6 +10,7 @@ cdef void qkv_rope_row(const float *qkv, const float *bias, const float *cos_row
 
 cdef extern from "pagedcy_layers.h" nogil:
     float pagedcy_expf(float x)
+    int pagedcy_rows_build()
     void pagedcy_silu_mul_row(const float *gate_up, float *out, Py_ssize_t width)
     void pagedcy_gelu_tanh_mul_row(const float *gate_up, float *out, Py_ssize_t width)
     void pagedcy_rms_row(const float *x, float *residual, const float *weight, float eps,

@@ -250,3 +250,9 @@ cdef _act_mul(gate_up, out, num_threads, _act_row_fn row):
         with nogil:
             for i in range(n):
                 row(gp + i * w2, op + i * w, w)
+
+
+def _rows_build():
+    """The build the row kernels (rms_norm, silu_mul, gelu_tanh_mul) take: 2 AVX-512, 1 AVX2 +
+    FMA, 0 the baseline; ``PAGEDCY_SIMD`` caps it as it caps the other kernels."""
+    return pagedcy_rows_build()

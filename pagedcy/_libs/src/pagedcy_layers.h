@@ -28,19 +28,29 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 
+/* The build the row kernels take: 2 AVX-512, 1 AVX2 + FMA, 0 the baseline. */
+static inline int pagedcy_rows_build(void) {
+#if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
+    const int level = pagedcy_simd_level();
+    return level >= PAGEDCY_SIMD_AVX512 ? 2 : level == PAGEDCY_SIMD_AVX2 ? 1 : 0;
+#else
+    return 0;
+#endif
+}
+
 #if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
 #define PAGEDCY_ROW_IMPL static inline __attribute__((always_inline))
 /* name(params): the body name##_impl inlined into an AVX-512 and an AVX2 + FMA build, and
- * the baseline one, chosen per call by pagedcy_simd_level() (cached after its first call). */
+ * the baseline one, chosen per call by pagedcy_rows_build() (cached after its first call). */
 #define PAGEDCY_ROW_VARIANTS(name, params, args)                                              \
     __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")))                  \
     static void name##_avx512 params { name##_impl args; }                                  \
     __attribute__((target("avx2,fma")))                                                     \
     static void name##_avx2 params { name##_impl args; }                                    \
     static void name params {                                                               \
-        const int level_ = pagedcy_simd_level();                                            \
-        if (level_ >= PAGEDCY_SIMD_AVX512) name##_avx512 args;                              \
-        else if (level_ == PAGEDCY_SIMD_AVX2) name##_avx2 args;                             \
+        const int build_ = pagedcy_rows_build();                                            \
+        if (build_ == 2) name##_avx512 args;                                                \
+        else if (build_ == 1) name##_avx2 args;                                             \
         else name##_impl args;                                                              \
     }
 #else
