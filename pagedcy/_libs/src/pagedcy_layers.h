@@ -28,13 +28,13 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 
-/* The build the row kernels take: 2 AVX-512, 1 AVX2 + FMA, 0 the baseline. */
+/* The build the row kernels take, a PAGEDCY_SIMD_* level: AVX-512, AVX2 + FMA or the
+ * baseline (the only build off x86 or without GCC/Clang). */
 static inline int pagedcy_rows_build(void) {
 #if PAGEDCY_X86 && (defined(__GNUC__) || defined(__clang__))
-    const int level = pagedcy_simd_level();
-    return level >= PAGEDCY_SIMD_AVX512 ? 2 : level == PAGEDCY_SIMD_AVX2 ? 1 : 0;
+    return pagedcy_simd_level();
 #else
-    return 0;
+    return PAGEDCY_SIMD_SCALAR;
 #endif
 }
 
@@ -49,8 +49,8 @@ static inline int pagedcy_rows_build(void) {
     static void name##_avx2 params { name##_impl args; }                                    \
     static void name params {                                                               \
         const int build_ = pagedcy_rows_build();                                            \
-        if (build_ == 2) name##_avx512 args;                                                \
-        else if (build_ == 1) name##_avx2 args;                                             \
+        if (build_ == PAGEDCY_SIMD_AVX512) name##_avx512 args;                              \
+        else if (build_ == PAGEDCY_SIMD_AVX2) name##_avx2 args;                             \
         else name##_impl args;                                                              \
     }
 #else
