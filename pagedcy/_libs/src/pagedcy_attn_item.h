@@ -130,7 +130,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
             const int r = v / G, hh = v % G;
             const float *src = P->q + ((q_start + it->r0 + r) * P->H + (int64_t)(it->g0 + gi) * G + hh) * D;
             if (packed) for (int d = 0; d < D; d++) qt[(int64_t)d * 12] = src[d] * P->scale;
-            else PA_SFX(pa_scale_copy)(dst, src, D, P->scale, perm);
+            else PA_SFX(pa_scale_copy)(dst, src, D, P->scale, perm ? PA_ORDER_TO_KERNEL : PA_ORDER_SAME);
         }
     }
     /* int8 K with qk_i8: the queries quantized once per item for the
@@ -469,7 +469,7 @@ PA_FN_ATTR static void PA_SFX(pa_run_item)(const pagedcy_attn_params *P, const p
                 dst = P->out + row * D;
                 lse_dst = P->lse ? P->lse + row : NULL;
             }
-            PA_SFX(pa_scale_copy)(dst, o, D, inv, perm);
+            PA_SFX(pa_scale_copy)(dst, o, D, inv, perm ? PA_ORDER_FROM_KERNEL : PA_ORDER_SAME);
             if (lse_dst) *lse_dst = lse;
         }
     }

@@ -210,10 +210,10 @@ static void pa_pv12_scalar(float *O, int D, const float *alpha, const float *S0,
     }
 }
 
-/* dst = src * scale; `perm` (a lane order of the AVX2 bf16 loads) is never
- * set on this path. */
-static void pa_scale_copy_scalar(float *dst, const float *src, int n, float scale, int perm) {
-    (void)perm;
+/* dst = src * scale; `order` (a lane order of the AVX2 bf16 loads) is
+ * never set on this path. */
+static void pa_scale_copy_scalar(float *dst, const float *src, int n, float scale, int order) {
+    (void)order;
     for (int i = 0; i < n; i++) dst[i] = src[i] * scale;
 }
 

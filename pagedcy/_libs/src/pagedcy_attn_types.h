@@ -20,7 +20,7 @@ enum pagedcy_attn_tune {
     PA_TUNE_PLAIN_ORDER = 8,      /* items largest first, not grouped by (sequence, KV head) */
     PA_TUNE_NO_PF = 16,           /* no software prefetch */
     PA_TUNE_PF_ROWS = 32,         /* decode: row-wise prefetch only, no 4 KiB-page stretches */
-    PA_TUNE_NO_BF16_PERM = 64,    /* AVX2 decode: widen bf16 in order (no permuted unpack) */
+    PA_TUNE_NO_BF16_PERM = 64,    /* AVX2 decode: widen bf16 in order (no even/odd loads) */
     PA_TUNE_PREFILL_M128 = 128,   /* prefill items of 128 query vectors */
     PA_TUNE_PREFILL_M32 = 256,    /* ... of 32 */
     PA_TUNE_PREFILL_M256 = 512,   /* ... of 256 */
@@ -36,6 +36,10 @@ enum pagedcy_attn_tune {
     PA_TUNE_PACK1 = 262144,       /* packed (prefill) items: one page per pack / softmax / P.V step */
     PA_TUNE_PACK2 = 524288        /* ... at most two (default: PA_PACK_PAGES) */
 };
+
+/* pa_scale_copy's `order`: copy in order, or map queries into / results out
+ * of the lane order of the AVX2 bf16 decode loads (pa_kv_perm set). */
+enum { PA_ORDER_SAME = 0, PA_ORDER_TO_KERNEL = 1, PA_ORDER_FROM_KERNEL = 2 };
 
 typedef struct {
     const float *q;              /* [total_q, H, D] */
