@@ -1070,79 +1070,83 @@ PA_AVX2_INLINE void pa_store_pairs4(float *S, int t0, __m256 r0, __m256 r1, __m2
     _mm256_storeu_ps(o + 24, _mm256_castpd_ps(_mm256_permute2f128_pd(b, d, 0x31)));
 }
 
+/* Scores of one 4-row block (q: its 4 columns of qt, stride 12 floats per d)
+ * against NG 8-token groups from t0: 4 x NG accumulators, NG K loads and 4
+ * broadcasts per d (NG a literal after inlining). */
+PA_AVX2_INLINE void pa_qk4_groups(const float *q, int D, const float *Kt, int64_t ldk, int t0, float *S, int NG) {
+    __m256 c[4][3];
+    for (int r = 0; r < 4; r++)
+        for (int g = 0; g < NG; g++) c[r][g] = _mm256_setzero_ps();
+    const float *k = Kt + t0;
+    for (int d = 0; d < D; d++, k += ldk, q += 12) {
+        __m256 kv[3];
+        for (int g = 0; g < NG; g++) kv[g] = _mm256_loadu_ps(k + 8 * g);
+        for (int r = 0; r < 4; r++) {
+            const __m256 b = _mm256_broadcast_ss(q + r);
+            for (int g = 0; g < NG; g++) c[r][g] = _mm256_fmadd_ps(b, kv[g], c[r][g]);
+        }
+    }
+    for (int g = 0; g < NG; g++) pa_store_pairs4(S, t0 + 8 * g, c[0][g], c[1][g], c[2][g], c[3][g]);
+}
+
 /* Scores of 12 query vectors (qt: [D][12], pre-scaled) against the tokens of
  * 8-token groups covering [tlo, thi) of Kt ([D][ldk]), written in the pair
- * layout of the three 4-row blocks S0, S1, S2. */
+ * layout of the three 4-row blocks S0, S1, S2. Each block in turn, 24 tokens
+ * (12 accumulators) a pass: 7 loads per 12 FMAs, where 12 rows x 8 tokens took
+ * 13 (12 broadcasts), more than AVX2's load ports keep up with. Every score is
+ * the same sequential FMA chain over d either way (same bits). */
 PA_AVX2 static void pa_qk12_avx2(const float *qt, int D, const float *Kt, int64_t ldk, int tlo, int thi,
                                  float *S0, float *S1, float *S2) {
-    for (int t0 = tlo & ~7; t0 < thi; t0 += 8) {
-        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
-        __m256 c6 = c0, c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
-        const float *k = Kt + t0, *q = qt;
-        for (int d = 0; d < D; d++, k += ldk, q += 12) {
-            const __m256 kv = _mm256_loadu_ps(k);
-            c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 0), kv, c0);
-            c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 1), kv, c1);
-            c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 2), kv, c2);
-            c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 3), kv, c3);
-            c4 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 4), kv, c4);
-            c5 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 5), kv, c5);
-            c6 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 6), kv, c6);
-            c7 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 7), kv, c7);
-            c8 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 8), kv, c8);
-            c9 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 9), kv, c9);
-            c10 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 10), kv, c10);
-            c11 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + 11), kv, c11);
-        }
-        pa_store_pairs4(S0, t0, c0, c1, c2, c3);
-        pa_store_pairs4(S1, t0, c4, c5, c6, c7);
-        pa_store_pairs4(S2, t0, c8, c9, c10, c11);
+    float *Sb[3] = {S0, S1, S2};
+    for (int b = 0; b < 3; b++) {
+        int t0 = tlo & ~7;
+        for (; t0 + 24 <= thi; t0 += 24) pa_qk4_groups(qt + 4 * b, D, Kt, ldk, t0, Sb[b], 3);
+        const int left = (thi - t0 + 7) >> 3;
+        if (left == 2) pa_qk4_groups(qt + 4 * b, D, Kt, ldk, t0, Sb[b], 2);
+        else if (left == 1) pa_qk4_groups(qt + 4 * b, D, Kt, ldk, t0, Sb[b], 1);
+        else if (left == 3) pa_qk4_groups(qt + 4 * b, D, Kt, ldk, t0, Sb[b], 3);
     }
 }
 
+/* O[r][d0 : d0 + 8*NC] for one 4-row block (O, alpha and S at the block):
+ * 4 x NC accumulators, NC V loads and 4 broadcasts per token (NC a literal
+ * after inlining). */
+PA_AVX2_INLINE void pa_pv4_cols(float *O, int D, int d0, const float *alpha, const float *S, const float *V,
+                                int tlo, int thi, int NC) {
+    __m256 c[4][3];
+    for (int r = 0; r < 4; r++) {
+        const __m256 al = _mm256_set1_ps(alpha[r]);
+        for (int n = 0; n < NC; n++) c[r][n] = _mm256_mul_ps(_mm256_loadu_ps(O + (int64_t)r * D + d0 + 8 * n), al);
+    }
+    const float *v = V + (int64_t)tlo * D + d0;
+    for (int t = tlo; t < thi; t++, v += D) {
+        __m256 vv[3];
+        for (int n = 0; n < NC; n++) vv[n] = _mm256_loadu_ps(v + 8 * n);
+        const float *p = S + (int64_t)(t >> 1) * 8 + (t & 1);
+        for (int r = 0; r < 4; r++) {
+            const __m256 b = _mm256_broadcast_ss(p + 2 * r);
+            for (int n = 0; n < NC; n++) c[r][n] = _mm256_fmadd_ps(b, vv[n], c[r][n]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int n = 0; n < NC; n++) _mm256_storeu_ps(O + (int64_t)r * D + d0 + 8 * n, c[r][n]);
+}
+
 /* O[r] = O[r]*alpha[r] + sum_{t in [tlo, thi)} P[r][t] V[t] for 12 rows (O
- * stride D; P in the pair layout of blocks S0..S2; V packed [t][D] float32),
- * 8 output floats x 12 rows in registers per pass. */
+ * stride D; P in the pair layout of blocks S0..S2; V packed [t][D] float32).
+ * Each 4-row block in turn, 24 output floats (12 accumulators) a pass: 7 loads
+ * per 12 FMAs against 13 for 12 rows x 8 floats. Every output is the same
+ * sequential FMA chain over t either way (same bits). */
 PA_AVX2 static void pa_pv12_avx2(float *O, int D, const float *alpha, const float *S0, const float *S1,
                                  const float *S2, const float *V, int tlo, int thi) {
-    for (int d = 0; d < D; d += 8) {
-        float *o = O + d;
-        __m256 c0 = _mm256_mul_ps(_mm256_loadu_ps(o + 0 * (int64_t)D), _mm256_set1_ps(alpha[0]));
-        __m256 c1 = _mm256_mul_ps(_mm256_loadu_ps(o + 1 * (int64_t)D), _mm256_set1_ps(alpha[1]));
-        __m256 c2 = _mm256_mul_ps(_mm256_loadu_ps(o + 2 * (int64_t)D), _mm256_set1_ps(alpha[2]));
-        __m256 c3 = _mm256_mul_ps(_mm256_loadu_ps(o + 3 * (int64_t)D), _mm256_set1_ps(alpha[3]));
-        __m256 c4 = _mm256_mul_ps(_mm256_loadu_ps(o + 4 * (int64_t)D), _mm256_set1_ps(alpha[4]));
-        __m256 c5 = _mm256_mul_ps(_mm256_loadu_ps(o + 5 * (int64_t)D), _mm256_set1_ps(alpha[5]));
-        __m256 c6 = _mm256_mul_ps(_mm256_loadu_ps(o + 6 * (int64_t)D), _mm256_set1_ps(alpha[6]));
-        __m256 c7 = _mm256_mul_ps(_mm256_loadu_ps(o + 7 * (int64_t)D), _mm256_set1_ps(alpha[7]));
-        __m256 c8 = _mm256_mul_ps(_mm256_loadu_ps(o + 8 * (int64_t)D), _mm256_set1_ps(alpha[8]));
-        __m256 c9 = _mm256_mul_ps(_mm256_loadu_ps(o + 9 * (int64_t)D), _mm256_set1_ps(alpha[9]));
-        __m256 c10 = _mm256_mul_ps(_mm256_loadu_ps(o + 10 * (int64_t)D), _mm256_set1_ps(alpha[10]));
-        __m256 c11 = _mm256_mul_ps(_mm256_loadu_ps(o + 11 * (int64_t)D), _mm256_set1_ps(alpha[11]));
-        const float *v = V + (int64_t)tlo * D + d;
-        for (int t = tlo; t < thi; t++, v += D) {
-            const __m256 vv = _mm256_loadu_ps(v);
-            const int64_t off = (int64_t)(t >> 1) * 8 + (t & 1);
-            const float *p0 = S0 + off, *p1 = S1 + off, *p2 = S2 + off;
-            c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0), vv, c0);
-            c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + 2), vv, c1);
-            c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + 4), vv, c2);
-            c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + 6), vv, c3);
-            c4 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1), vv, c4);
-            c5 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + 2), vv, c5);
-            c6 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + 4), vv, c6);
-            c7 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + 6), vv, c7);
-            c8 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2), vv, c8);
-            c9 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2 + 2), vv, c9);
-            c10 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2 + 4), vv, c10);
-            c11 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2 + 6), vv, c11);
-        }
-        _mm256_storeu_ps(o + 0 * (int64_t)D, c0); _mm256_storeu_ps(o + 1 * (int64_t)D, c1);
-        _mm256_storeu_ps(o + 2 * (int64_t)D, c2); _mm256_storeu_ps(o + 3 * (int64_t)D, c3);
-        _mm256_storeu_ps(o + 4 * (int64_t)D, c4); _mm256_storeu_ps(o + 5 * (int64_t)D, c5);
-        _mm256_storeu_ps(o + 6 * (int64_t)D, c6); _mm256_storeu_ps(o + 7 * (int64_t)D, c7);
-        _mm256_storeu_ps(o + 8 * (int64_t)D, c8); _mm256_storeu_ps(o + 9 * (int64_t)D, c9);
-        _mm256_storeu_ps(o + 10 * (int64_t)D, c10); _mm256_storeu_ps(o + 11 * (int64_t)D, c11);
+    const float *Sb[3] = {S0, S1, S2};
+    for (int b = 0; b < 3; b++) {
+        float *Ob = O + (int64_t)b * 4 * D;
+        const float *ab = alpha + 4 * b;
+        int d = 0;
+        for (; d + 24 <= D; d += 24) pa_pv4_cols(Ob, D, d, ab, Sb[b], V, tlo, thi, 3);
+        if (D - d == 16) pa_pv4_cols(Ob, D, d, ab, Sb[b], V, tlo, thi, 2);
+        else if (D - d == 8) pa_pv4_cols(Ob, D, d, ab, Sb[b], V, tlo, thi, 1);
     }
 }
 
