@@ -513,6 +513,8 @@ def main(argv=None):
                   (f"{dec} bf16 [AVX2 kernels]", "decode", dec_b, dec_l, "bfloat16", nt, 1, 1),
                   (f"{dec} int8 [AVX2 kernels]", "decode", dec_b, dec_l, "int8", nt, 1, 1),
                   (f"{dec} i8q [AVX2 kernels]", "decode", dec_b, dec_l, "int8", nt, 1, 1, "HND", True)]
+        specs += [(f"{prefill} [AVX2]", "prefill", 1, pre_l, "float32", th, pre_l, 1)
+                  for th in sorted({nt, 1}, reverse=True)]
         specs += [(f"decode 4x256 {n} [in cache, AVX2]", "decode", 4, 256, dt, th, 1, 1)
                   for n, dt in (("fp32", "float32"), ("fp16", "float16"), ("bf16", "bfloat16"),
                                 ("int8", "int8")) for th in sorted({nt, 1}, reverse=True)]
