@@ -1098,14 +1098,13 @@ PA_AVX2_INLINE void pa_qk4_groups(const float *q, int D, const float *Kt, int64_
 PA_AVX2 static void pa_qk12_avx2(const float *qt, int D, const float *Kt, int64_t ldk, int tlo, int thi,
                                  float *S0, float *S1, float *S2) {
     float *Sb[3] = {S0, S1, S2};
-    for (int b = 0; b < 3; b++) {
-        int t0 = tlo & ~7;
-        for (; t0 + 24 <= thi; t0 += 24) pa_qk4_groups(qt + 4 * b, D, Kt, ldk, t0, Sb[b], 3);
-        const int left = (thi - t0 + 7) >> 3;
-        if (left == 2) pa_qk4_groups(qt + 4 * b, D, Kt, ldk, t0, Sb[b], 2);
-        else if (left == 1) pa_qk4_groups(qt + 4 * b, D, Kt, ldk, t0, Sb[b], 1);
-        else if (left == 3) pa_qk4_groups(qt + 4 * b, D, Kt, ldk, t0, Sb[b], 3);
-    }
+    for (int b = 0; b < 3; b++)
+        for (int t0 = tlo & ~7; t0 < thi; t0 += 24) {
+            const int ng = (thi - t0 + 7) >> 3;       /* 8-token groups left; literals below */
+            if (ng >= 3) pa_qk4_groups(qt + 4 * b, D, Kt, ldk, t0, Sb[b], 3);
+            else if (ng == 2) pa_qk4_groups(qt + 4 * b, D, Kt, ldk, t0, Sb[b], 2);
+            else pa_qk4_groups(qt + 4 * b, D, Kt, ldk, t0, Sb[b], 1);
+        }
 }
 
 /* O[r][d0 : d0 + 8*NC] for one 4-row block (O, alpha and S at the block):
@@ -1143,10 +1142,11 @@ PA_AVX2 static void pa_pv12_avx2(float *O, int D, const float *alpha, const floa
     for (int b = 0; b < 3; b++) {
         float *Ob = O + (int64_t)b * 4 * D;
         const float *ab = alpha + 4 * b;
-        int d = 0;
-        for (; d + 24 <= D; d += 24) pa_pv4_cols(Ob, D, d, ab, Sb[b], V, tlo, thi, 3);
-        if (D - d == 16) pa_pv4_cols(Ob, D, d, ab, Sb[b], V, tlo, thi, 2);
-        else if (D - d == 8) pa_pv4_cols(Ob, D, d, ab, Sb[b], V, tlo, thi, 1);
+        for (int d = 0; d < D; d += 24) {           /* D % 8 == 0; literals below */
+            if (D - d >= 24) pa_pv4_cols(Ob, D, d, ab, Sb[b], V, tlo, thi, 3);
+            else if (D - d == 16) pa_pv4_cols(Ob, D, d, ab, Sb[b], V, tlo, thi, 2);
+            else pa_pv4_cols(Ob, D, d, ab, Sb[b], V, tlo, thi, 1);
+        }
     }
 }
 
